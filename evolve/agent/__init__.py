@@ -1,0 +1,1 @@
+"""Agent runners (command, Claude CLI, HTTP) that all yield one :class:`AgentReport`."""

@@ -1,0 +1,166 @@
+"""Run a child in its own process group, with a hard timeout and a no-output idle timeout.
+
+Timeouts, interruption and shutdown kill the whole group (TERM, grace, KILL), so an agent's own
+children never outlive it. The group id is handed to ``on_start`` so it can be recorded in
+session-state and reaped by a later fire if this one dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+GRACE_S = 5.0
+
+
+@dataclass(frozen=True)
+class ProcessResult:
+    returncode: int | None
+    timed_out: str | None  # "hard" | "idle" | None
+    interrupted: bool
+    duration_s: float
+    output_tail: str
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def kill_group(pgid: int, grace_s: float = GRACE_S, reap: Callable[[], object] | None = None) -> None:
+    """TERM the group, wait up to ``grace_s``, then KILL whatever is left.
+
+    ``reap`` (e.g. ``Popen.poll``) is called while waiting: an unreaped leader is a zombie that
+    still counts as a member of its group.
+    """
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if reap:
+            reap()
+        if not group_alive(pgid):
+            return
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def run_group(
+    argv: Sequence[str],
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    timeout_s: float,
+    idle_timeout_s: float,
+    log_path: Path | None = None,
+    on_start: Callable[[int], None] | None = None,
+    on_output: Callable[[bytes], None] | None = None,
+    stop: threading.Event | None = None,
+    grace_s: float = GRACE_S,
+    tail_bytes: int = 16 * 1024,
+) -> ProcessResult:
+    """Run ``argv`` (never through a shell) and wait for it under the timeouts."""
+    start = time.monotonic()
+    log = open(log_path, "ab") if log_path else None  # noqa: SIM115 - closed in finally
+    try:
+        proc = subprocess.Popen(
+            list(argv),
+            cwd=cwd,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError:
+        if log:
+            log.close()
+        raise
+    pgid = proc.pid  # start_new_session: the child leads its own group
+    if on_start:
+        on_start(pgid)
+    tail = bytearray()
+    timed_out: str | None = None
+    interrupted = False
+    last_output = time.monotonic()
+    assert proc.stdout is not None
+    os.set_blocking(proc.stdout.fileno(), False)
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    eof = False
+    try:
+        while True:
+            now = time.monotonic()
+            if timeout_s and now - start >= timeout_s:
+                timed_out = "hard"
+                break
+            if idle_timeout_s and now - last_output >= idle_timeout_s:
+                timed_out = "idle"
+                break
+            if stop is not None and stop.is_set():
+                interrupted = True
+                break
+            if eof:
+                if proc.poll() is not None:
+                    break
+                time.sleep(0.02)
+                continue
+            for _key, _ in sel.select(timeout=0.1):
+                try:
+                    chunk = os.read(proc.stdout.fileno(), 65536)
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    eof = True
+                    break
+                last_output = time.monotonic()
+                tail.extend(chunk)
+                if len(tail) > tail_bytes:
+                    del tail[: len(tail) - tail_bytes]
+                if log:
+                    log.write(chunk)
+                    log.flush()
+                if on_output:
+                    on_output(chunk)
+        if timed_out or interrupted:
+            kill_group(pgid, grace_s, proc.poll)
+        else:
+            proc.wait()
+            # The leader exited; whatever it left running in its group goes too.
+            if group_alive(pgid):
+                kill_group(pgid, grace_s)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace_s + 1)
+    finally:
+        sel.close()
+        proc.stdout.close()
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+            proc.wait()
+        if log:
+            log.close()
+    return ProcessResult(
+        returncode=proc.returncode,
+        timed_out=timed_out,
+        interrupted=interrupted,
+        duration_s=time.monotonic() - start,
+        output_tail=tail.decode("utf-8", "replace"),
+    )

@@ -1,0 +1,96 @@
+"""Resume or start fresh (ADR 0032 mapped onto the loop, SPEC §5): a pure decision per cycle."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+FIRST = "first"
+CONTINUATION = "continuation"
+RETURNING = "returning"
+
+
+@dataclass(frozen=True)
+class ModeDecision:
+    mode: str
+    session_id: str  # the id the run uses (a new one on First)
+    resume: bool  # whether the runner resumes ``session_id``
+    need_stale: bool
+    turn_gap: bool
+    reason: str
+
+
+def choose_mode(
+    session: dict[str, Any] | None,
+    work_ref: str,
+    *,
+    events_since: int,
+    fresh_start_turns: int,
+    handoff_requested: bool = False,
+    new_id: str | None = None,
+) -> ModeDecision:
+    """First / Continuation / Returning, with Returning downgraded to First when stale.
+
+    ``events_since`` counts what happened since the session's last cycle that it did not see.
+    ``fresh_start_turns == 0`` disables the turn-gap rule (an explicit state, not "default").
+    """
+    fresh = new_id or str(uuid.uuid4())
+    if not session or not isinstance(session.get("id"), str) or not session.get("id"):
+        return ModeDecision(FIRST, fresh, False, False, False, "no prior session")
+    if session.get("ended_heavy"):
+        return ModeDecision(FIRST, fresh, False, False, False, "prior session ended in a context-handoff")
+    if handoff_requested:
+        return ModeDecision(FIRST, fresh, False, False, False, "handoff continue requested")
+    need_stale = session.get("need_ref") != work_ref
+    turn_gap = fresh_start_turns > 0 and events_since >= fresh_start_turns
+    sid = session["id"]
+    if events_since == 0 and not need_stale:
+        return ModeDecision(CONTINUATION, sid, True, False, False, "same session, same work, no events between")
+    if need_stale or turn_gap:
+        why = []
+        if need_stale:
+            why.append("need stale: work item changed")
+        if turn_gap:
+            why.append(f"turn gap: {events_since} events >= {fresh_start_turns}")
+        return ModeDecision(FIRST, fresh, False, need_stale, turn_gap, "; ".join(why))
+    return ModeDecision(RETURNING, sid, True, False, False, f"{events_since} intervening events")
+
+
+def after_run(
+    session: dict[str, Any] | None,
+    decision: ModeDecision,
+    *,
+    runner: str,
+    cycle: int,
+    work_ref: str,
+    reported_id: str | None,
+    summary: str,
+) -> dict[str, Any]:
+    """The ``agent_session`` record after a cycle that ran the agent."""
+    sid = reported_id or decision.session_id
+    if decision.mode == FIRST or not session:
+        return {
+            "id": sid,
+            "runner": runner,
+            "started_cycle": cycle,
+            "last_cycle": cycle,
+            "need_ref": work_ref,
+            "need_set_at": cycle,
+            "events_since": 0,
+            "ended_heavy": False,
+            "summary": summary[:2000],
+        }
+    out = dict(session)
+    out.update(id=sid, last_cycle=cycle, events_since=0, summary=summary[:2000] or session.get("summary", ""))
+    return out
+
+
+def note_event(session: dict[str, Any] | None, n: int = 1) -> dict[str, Any] | None:
+    """An intervening event (a cycle that ran no agent on this session) widens the gap."""
+    if not session:
+        return session
+    out = dict(session)
+    events = out.get("events_since")
+    out["events_since"] = (events if isinstance(events, int) else 0) + n
+    return out

@@ -1,0 +1,195 @@
+"""The ``evolve`` command line. Heavy modules are imported per command, so ``status`` starts fast."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from evolve import exitcodes
+from evolve.errors import EvolveError, UsageError
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="evolve",
+        description="Run a coding agent unattended against a git repository, across its context limits.",
+    )
+    ap.add_argument("--repo", type=Path, default=None, help="repository (default: git top level of the cwd)")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+
+    f = sub.add_parser("fire", help="one fire: lock, step 1, cycles (what cron/systemd run)")
+    f.add_argument("--cycles", type=int, default=None, help="at most N cycles in this fire")
+    f.add_argument("--dry-run", action="store_true", help="evaluate step 1 and selection; write nothing")
+    f.add_argument("--wait", type=float, default=0.0, metavar="S", help="wait up to S seconds for the lock")
+    f.add_argument("--mode", choices=["burst", "loop"], default=None)
+
+    s = sub.add_parser("status", help="what the loop is doing and why")
+    s.add_argument("--json", action="store_true")
+
+    h = sub.add_parser("history", help="the last ledger entries")
+    h.add_argument("--limit", type=int, default=20)
+    h.add_argument("--json", action="store_true")
+
+    for name, text in (("stop", "write STOP (halt until `evolve resume`)"), ("kill", "write KILL")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--reason", default="", help="free text kept in the marker")
+
+    r = sub.add_parser("resume", help="remove STOP (and KILL with --kill)")
+    r.add_argument("--kill", action="store_true", help="also remove the repo and global KILL markers")
+
+    sub.add_parser("init", help="write .agents/.gitignore and a commented config.toml")
+
+    d = sub.add_parser("demo", help="a throwaway repo, a scripted agent, and a context hand-off, narrated")
+    d.add_argument("--dir", type=Path, default=None, help="where to create the demo repo (default: a temp dir)")
+    d.add_argument("--keep", action="store_true", help="keep the demo repo (always kept with --dir)")
+    return ap
+
+
+def _repo(args: argparse.Namespace) -> Path:
+    from evolve.paths import git_toplevel
+
+    start = args.repo if args.repo is not None else Path.cwd()
+    if not start.is_dir():
+        raise UsageError(f"--repo {start}: not a directory")
+    return git_toplevel(start)
+
+
+def _flags(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    flags: dict[str, dict[str, Any]] = {}
+    if getattr(args, "mode", None):
+        flags.setdefault("fire", {})["mode"] = args.mode
+    return flags
+
+
+def cmd_fire(args: argparse.Namespace) -> int:
+    from evolve import config, log
+    from evolve.cycle.fire import Fire, FireOptions
+    from evolve.paths import Paths
+
+    if args.cycles is not None and args.cycles < 1:
+        raise UsageError("--cycles must be at least 1")
+    if args.wait < 0:
+        raise UsageError("--wait must not be negative")
+    paths = Paths.for_repo(_repo(args))
+    cfg = config.load(paths.config, os.environ, _flags(args))
+    log.configure()
+    opts = FireOptions(cycles=args.cycles, dry_run=args.dry_run, wait_s=args.wait, mode=args.mode)
+    outcome = Fire(paths, cfg, opts).run()
+    if args.dry_run:
+        import orjson
+
+        sys.stdout.buffer.write(orjson.dumps(outcome.entries[0], option=orjson.OPT_INDENT_2) + b"\n")
+        sys.stdout.flush()
+    return outcome.exit_code
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from evolve.paths import Paths
+    from evolve.status import render_status, status
+
+    paths = Paths.for_repo(_repo(args))
+    info = status(paths)
+    if args.json:
+        import orjson
+
+        sys.stdout.buffer.write(orjson.dumps(info, option=orjson.OPT_INDENT_2) + b"\n")
+    else:
+        sys.stdout.write(render_status(info))
+    return exitcodes.OK
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from evolve.paths import Paths
+    from evolve.status import render_history
+    from evolve.store.ledger import Ledger
+
+    if args.limit < 1:
+        raise UsageError("--limit must be at least 1")
+    paths = Paths.for_repo(_repo(args))
+    tail = Ledger(paths.ledger).tail(args.limit)
+    if args.json:
+        import orjson
+
+        for e in tail.entries:
+            sys.stdout.buffer.write(orjson.dumps(e, option=orjson.OPT_APPEND_NEWLINE))
+    else:
+        sys.stdout.write(render_history(tail.entries, tail.malformed))
+    return exitcodes.OK
+
+
+def cmd_marker(args: argparse.Namespace) -> int:
+    from evolve.paths import Paths
+    from evolve.store.atomic import atomic_write_bytes
+    from evolve.timeutil import utc_iso
+
+    paths = Paths.for_repo(_repo(args))
+    target = paths.stop if args.command == "stop" else paths.kill
+    text = f"{utc_iso()}\n{args.reason or 'operator ' + args.command}\n"
+    atomic_write_bytes(target, text.encode())
+    print(f"wrote {target}")
+    return exitcodes.OK
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from evolve.paths import Paths
+    from evolve.store.markers import remove_marker
+
+    paths = Paths.for_repo(_repo(args))
+    targets = [paths.stop] + ([paths.kill, paths.global_kill] if args.kill else [])
+    for t in targets:
+        print(f"removed {t}" if remove_marker(t) else f"absent  {t}")
+    if not args.kill:
+        for k in (paths.kill, paths.global_kill):
+            if k.exists():
+                print(f"note: {k} is present; it is removed only with `evolve resume --kill`")
+    return exitcodes.OK
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from evolve.init import init_repo
+    from evolve.paths import Paths
+
+    for line in init_repo(Paths.for_repo(_repo(args))):
+        print(line)
+    return exitcodes.OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from evolve.demo import run_demo
+
+    return run_demo(args.dir, keep=args.keep or args.dir is not None)
+
+
+COMMANDS = {
+    "fire": cmd_fire,
+    "status": cmd_status,
+    "history": cmd_history,
+    "stop": cmd_marker,
+    "kill": cmd_marker,
+    "resume": cmd_resume,
+    "init": cmd_init,
+    "demo": cmd_demo,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
+        return int(exc.code or 0)
+    if not args.command:
+        parser.print_help()
+        return exitcodes.USAGE
+    try:
+        return COMMANDS[args.command](args)
+    except EvolveError as exc:
+        print(f"evolve: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return exitcodes.SIGINT
+    except BrokenPipeError:
+        return exitcodes.OK

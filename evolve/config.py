@@ -1,0 +1,288 @@
+"""Configuration: built-in defaults < ``.agents/evolve/config.toml`` < ``EVOLVE_*`` env < flags.
+
+Unknown keys and wrong types are errors that name the key and where it came from (exit 78).
+Every key has an env name ``EVOLVE_<SECTION>_<KEY>``; the names the ``/evolve`` sources used
+(``EVOLVE_CONTEXT_STREAK_LIMIT``, ``EVOLVE_KILL_TTL_DAYS``, ``EVOLVE_HALT_TIMEOUT``,
+``EVOLVE_GOVERNOR_CMD``) keep working.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import tomllib
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from evolve.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    runner: str = "claude"
+    argv: list[str] = field(default_factory=lambda: ["claude"])
+    model: str = ""
+    permission_mode: str = "acceptEdits"
+    allowed_tools: list[str] = field(default_factory=list)
+    timeout_s: float = 1800
+    idle_timeout_s: float = 600
+    max_turns: int = 0
+    max_budget_usd: float = 0
+    base_url: str = ""
+    api_key_env: str = "OPENAI_API_KEY"
+
+
+@dataclass(frozen=True)
+class ContextConfig:
+    streak_limit: int = 2
+    heavy_pct: float = 40
+    returning_fresh_start_turns: int = 8
+    autocompact_pct: int = 40
+    context_window: int = 0
+
+
+@dataclass(frozen=True)
+class FireConfig:
+    max_cycles: int = 5
+    max_minutes: float = 55
+    max_cost_usd: float = 0
+    mode: str = "burst"
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    cron: str = "*/30 * * * *"
+    timezone: str = "UTC"
+    jitter_s: int = 0
+
+
+@dataclass(frozen=True)
+class WorkConfig:
+    beads_command: list[str] = field(default_factory=lambda: ["bd", "ready", "--json"])
+    generators: list[list[str]] = field(default_factory=list)
+    max_attempts: int = 3
+    quality: bool = False
+    beads_only: bool = False
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    commands: list[list[str]] = field(default_factory=list)
+    timeout_s: float = 1800
+
+
+@dataclass(frozen=True)
+class BreakerConfig:
+    max_consecutive_failures: int = 3
+    cooldown_minutes: float = 30
+
+
+@dataclass(frozen=True)
+class GitConfig:
+    commit: bool = True
+    push: bool = False
+
+
+@dataclass(frozen=True)
+class HaltConfig:
+    kill_ttl_days: float = 7
+    governor_cmd: list[str] = field(default_factory=list)
+    timeout_s: float = 30
+
+
+@dataclass(frozen=True)
+class Config:
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    context: ContextConfig = field(default_factory=ContextConfig)
+    fire: FireConfig = field(default_factory=FireConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    work: WorkConfig = field(default_factory=WorkConfig)
+    gate: GateConfig = field(default_factory=GateConfig)
+    breaker: BreakerConfig = field(default_factory=BreakerConfig)
+    git: GitConfig = field(default_factory=GitConfig)
+    halt: HaltConfig = field(default_factory=HaltConfig)
+
+
+SECTIONS: dict[str, type] = typing.get_type_hints(Config)
+
+ENUMS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("agent", "runner"): ("claude", "command", "http"),
+    ("fire", "mode"): ("burst", "loop"),
+}
+RANGES: dict[tuple[str, str], tuple[float, float]] = {
+    ("context", "streak_limit"): (1, 10_000),
+    ("context", "heavy_pct"): (1, 100),
+    ("context", "autocompact_pct"): (1, 100),
+    ("context", "returning_fresh_start_turns"): (0, 1_000_000),
+    ("context", "context_window"): (0, 1 << 40),
+    ("fire", "max_cycles"): (0, 1_000_000),
+    ("fire", "max_minutes"): (0, 1 << 30),
+    ("fire", "max_cost_usd"): (0, 1 << 30),
+    ("agent", "timeout_s"): (0, 1 << 30),
+    ("agent", "idle_timeout_s"): (0, 1 << 30),
+    ("agent", "max_turns"): (0, 1 << 30),
+    ("agent", "max_budget_usd"): (0, 1 << 30),
+    ("work", "max_attempts"): (1, 1_000_000),
+    ("breaker", "max_consecutive_failures"): (1, 1_000_000),
+    ("breaker", "cooldown_minutes"): (0, 1 << 30),
+    ("halt", "kill_ttl_days"): (0, 1 << 30),
+    ("gate", "timeout_s"): (0, 1 << 30),
+    ("halt", "timeout_s"): (0, 1 << 30),
+    ("schedule", "jitter_s"): (0, 1 << 30),
+}
+LEGACY_ENV: dict[str, tuple[str, str]] = {
+    "EVOLVE_CONTEXT_STREAK_LIMIT": ("context", "streak_limit"),
+    "EVOLVE_KILL_TTL_DAYS": ("halt", "kill_ttl_days"),
+    "EVOLVE_HALT_TIMEOUT": ("halt", "timeout_s"),
+    "EVOLVE_GOVERNOR_CMD": ("halt", "governor_cmd"),
+}
+
+
+def _section_fields(section: str) -> dict[str, Any]:
+    return typing.get_type_hints(SECTIONS[section])
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _check(value: Any, tp: Any, where: str, key: str) -> Any:
+    """Validate ``value`` against the field type ``tp``; returns the value (ints widened to float)."""
+
+    def bad() -> ConfigError:
+        return ConfigError(f"{where}: {key} must be {_type_name(tp)}, got {type(value).__name__} {value!r}"[:300])
+
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise bad()
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad()
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise bad()
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise bad()
+        return value
+    origin = typing.get_origin(tp)
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise bad()
+        return [_check(v, inner, where, f"{key}[{i}]") for i, v in enumerate(value)]
+    raise bad()  # pragma: no cover - every field type is listed above
+
+
+def _validate_ranges(section: str, key: str, value: Any, where: str) -> None:
+    if (section, key) in ENUMS and value not in ENUMS[(section, key)]:
+        choices = "|".join(ENUMS[(section, key)])
+        raise ConfigError(f"{where}: {section}.{key} must be one of {choices}, got {value!r}")
+    if (section, key) in RANGES:
+        lo, hi = RANGES[(section, key)]
+        if not lo <= value <= hi:
+            raise ConfigError(f"{where}: {section}.{key} must be between {lo:g} and {hi:g}, got {value!r}")
+
+
+def _parse_env_value(raw: str, tp: Any, name: str, section: str, key: str) -> Any:
+    if tp is str:
+        return raw
+    if (section, key) == ("halt", "governor_cmd") and not raw.lstrip().startswith("["):
+        # EVOLVE_GOVERNOR_CMD is historically a command line; split it, never hand it to a shell.
+        try:
+            return shlex.split(raw)
+        except ValueError as exc:
+            raise ConfigError(f"env {name}: cannot split command line: {exc}") from exc
+    if tp is bool:
+        low = raw.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"env {name}: {section}.{key} must be a boolean, got {raw!r}")
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ConfigError(f"env {name}: {section}.{key} must be {_type_name(tp)}, got {raw!r}") from exc
+    return value
+
+
+def env_overrides(env: Mapping[str, str]) -> dict[str, dict[str, tuple[Any, str]]]:
+    """``{section: {key: (value, source)}}`` from recognised ``EVOLVE_*`` variables."""
+    names: dict[str, tuple[str, str]] = {}
+    for section in SECTIONS:
+        for key in _section_fields(section):
+            names[f"EVOLVE_{section.upper()}_{key.upper()}"] = (section, key)
+    out: dict[str, dict[str, tuple[Any, str]]] = {}
+    # Legacy names first so the longer, explicit name wins when both are set.
+    for name in [*LEGACY_ENV, *names]:
+        if name not in env:
+            continue
+        section, key = LEGACY_ENV.get(name) or names[name]
+        tp = _section_fields(section)[key]
+        value = _parse_env_value(env[name], tp, name, section, key)
+        out.setdefault(section, {})[key] = (value, f"env {name}")
+    return out
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        return {}
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from exc
+
+
+def resolve(
+    toml: Mapping[str, Any],
+    toml_path: str,
+    env: Mapping[str, str],
+    flags: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Config:
+    """Merge the layers into a validated :class:`Config` (pure: no I/O)."""
+    layers: dict[str, dict[str, tuple[Any, str]]] = {s: {} for s in SECTIONS}
+    for section, table in toml.items():
+        if section not in SECTIONS:
+            raise ConfigError(f"{toml_path}: unknown section [{section}]")
+        if not isinstance(table, dict):
+            raise ConfigError(f"{toml_path}: [{section}] must be a table")
+        fields = _section_fields(section)
+        for key, value in table.items():
+            if key not in fields:
+                raise ConfigError(f"{toml_path}: unknown key {section}.{key}")
+            layers[section][key] = (value, toml_path)
+    for section, table in env_overrides(env).items():
+        layers[section].update(table)
+    for section, table in (flags or {}).items():
+        for key, value in table.items():
+            layers[section][key] = (value, "command line")
+    built: dict[str, Any] = {}
+    for section, cls in SECTIONS.items():
+        fields = _section_fields(section)
+        values: dict[str, Any] = {}
+        for key, (value, where) in layers[section].items():
+            checked = _check(value, fields[key], where, f"{section}.{key}")
+            _validate_ranges(section, key, checked, where)
+            values[key] = checked
+        built[section] = cls(**values)
+    return Config(**built)
+
+
+def load(config_path: Path, env: Mapping[str, str], flags: Mapping[str, Mapping[str, Any]] | None = None) -> Config:
+    return resolve(load_toml(config_path), str(config_path), env, flags)
+
+
+def as_dict(cfg: Config) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)

@@ -1,0 +1,63 @@
+"""The commented config file ``evolve init`` writes; every key of SPEC §10 with its default."""
+
+TEMPLATE = """\
+# evolve configuration: .agents/evolve/config.toml (all keys optional; defaults shown).
+# Precedence: built-in defaults < this file < EVOLVE_<SECTION>_<KEY> env < command-line flags.
+# Unknown keys and wrong types are errors (exit 78) that name the key and this file.
+
+[agent]
+# runner = "claude"          # claude | command | http
+# argv = ["claude"]          # claude: the binary (+ fixed args); command: argv template with
+#                            # {prompt_file} {report_file} {session_id} {mode} {work_json} {cycle}
+# model = ""                 # claude / http
+# permission_mode = "acceptEdits"
+# allowed_tools = []
+# timeout_s = 1800           # hard limit per agent run; the agent's process group is killed
+# idle_timeout_s = 600       # no output for this long = hung
+# max_turns = 0              # 0 = not passed
+# max_budget_usd = 0         # 0 = not passed
+# base_url = ""              # http runner
+# api_key_env = "OPENAI_API_KEY"
+
+[context]
+# streak_limit = 2           # heavy cycles before a hand-off; EVOLVE_CONTEXT_STREAK_LIMIT wins over this
+# heavy_pct = 40             # occupancy (input + cache) / window at or above this is a heavy cycle
+# returning_fresh_start_turns = 8   # 0 = turn-gap rule disabled
+# autocompact_pct = 40       # CLAUDE_AUTOCOMPACT_PCT_OVERRIDE given to the claude runner
+# context_window = 0         # 0 = from the agent's own report
+
+[fire]
+# max_cycles = 5             # per fire; --cycles overrides
+# max_minutes = 55
+# max_cost_usd = 0           # 0 = no cap
+# mode = "burst"             # burst (may write DORMANT) | loop (logs blocked.jsonl instead)
+
+[schedule]
+# cron = "*/30 * * * *"      # 5 fields, or 6 with seconds first
+# timezone = "UTC"
+# jitter_s = 0
+
+[work]
+# beads_command = ["bd", "ready", "--json"]
+# generators = []            # list of argv lists
+# max_attempts = 3
+# quality = false
+# beads_only = false
+
+[gate]
+# commands = []              # list of argv lists, run in order after the agent
+# timeout_s = 1800
+
+[breaker]
+# max_consecutive_failures = 3
+# cooldown_minutes = 30
+
+[git]
+# commit = true
+# push = false
+
+[halt]
+# kill_ttl_days = 7          # KILL/STOP older than this are ignored (with a warning), never deleted
+# governor_cmd = []          # argv; exit 3 halts with governor_budget_burned (EVOLVE_GOVERNOR_CMD)
+# timeout_s = 30             # governor timeout (EVOLVE_HALT_TIMEOUT)
+"""

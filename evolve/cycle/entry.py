@@ -1,0 +1,59 @@
+"""Ledger entries (SPEC §3) built from a cycle's facts: pure, so every field is testable."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from evolve.agent.report import AgentReport
+from evolve.cycle.budget import ContextReading
+
+
+def base_entry(
+    *,
+    cycle: int,
+    result: str,
+    timestamp: str,
+    target: str,
+    source: str,
+    work_ref: str | None,
+    mode: str,
+    session_id: str | None,
+    fire_id: str,
+) -> dict[str, Any]:
+    return {
+        "cycle": cycle,
+        "result": result,
+        "timestamp": timestamp,
+        "target": target,
+        "selected_source": source,
+        "work_ref": work_ref,
+        "mode": mode,
+        "session_id": session_id,
+        "fire_id": fire_id,
+    }
+
+
+def agent_fields(report: AgentReport, reading: ContextReading | None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "duration_s": report.duration_s,
+        "num_turns": report.num_turns,
+        "cost_usd": report.cost_usd,
+        "usage": report.usage.as_json(),
+        "agent_result": report.result,
+    }
+    if report.disposition:
+        out["disposition"] = report.disposition
+    if report.summary:
+        out["summary"] = report.summary[:500]
+    if reading is not None:
+        out["context_pct"] = reading.pct
+        out["context_heavy"] = reading.heavy
+        out["context_signal"] = reading.signal
+    if report.error_class:
+        out["error_class"] = report.error_class
+        out["error"] = report.error[:300]
+    return out
+
+
+def shape_of(item_type: str) -> str:
+    return item_type or "work"

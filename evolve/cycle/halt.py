@@ -1,0 +1,153 @@
+"""Step 1, the halt gate (SPEC §4.1), as a pure function of an on-disk snapshot.
+
+Probes with side effects or cost (the dormancy work probe, the governor command) are requested
+lazily: :func:`evaluate` returns ``need`` and the shell fills that field in and asks again, so a
+governor never runs when KILL already decided the fire.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from evolve.store.markers import Marker
+
+KILL = "kill"
+USER_HALT = "user_halt"
+DORMANT = "dormant"
+GOVERNOR = "governor_budget_burned"
+BREAKER = "breaker_open"
+GOAL_REGRESSION = "goal_regression"
+
+NEED_DORMANT_PROBE = "dormant_probe"
+NEED_GOVERNOR = "governor"
+
+_RED = re.compile(r"FAIL|BLOCKED")
+
+
+@dataclass(frozen=True)
+class HaltSnapshot:
+    now: float
+    kill_ttl_s: float
+    global_kill: Marker
+    local_kill: Marker
+    stop: Marker
+    dormant: Marker
+    handoff: Marker
+    ack_regression: Marker
+    governor_configured: bool = False
+    dormant_probe: str | None = None  # "work" | "empty" | "error"; None = not probed yet
+    governor_exit: int | None = None  # None = not run yet; -1 = could not run
+    breaker_open_until: float | None = None
+    ledger_tail: Sequence[dict[str, Any]] = ()
+    ack_regression_cycle: int = 0
+
+
+@dataclass(frozen=True)
+class Step1:
+    halt: str | None = None
+    need: str | None = None
+    detail: str = ""
+    clear_dormant: bool = False
+    clear_handoff: bool = False
+    consume_ack: bool = False
+    acked_cycle: int = 0
+    breaker_probe: bool = False
+    restorative: bool = False
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+
+def goal_drop(tail: Sequence[dict[str, Any]]) -> tuple[int, str] | None:
+    """``(cycle, detail)`` when the last two goal-carrying entries show a drop in the same era.
+
+    Only entries with the same ``goals_total`` (and the same ``goals_era`` when both carry one)
+    are comparable, so a GOALS edit or a single-goal re-measure never reads as a regression.
+    """
+    carrying = [e for e in tail if isinstance(e.get("goals_passing"), int) and isinstance(e.get("goals_total"), int)]
+    if len(carrying) < 2:
+        return None
+    prev, last = carrying[-2], carrying[-1]
+    if prev["goals_total"] != last["goals_total"]:
+        return None
+    if prev.get("goals_era") and last.get("goals_era") and prev["goals_era"] != last["goals_era"]:
+        return None
+    if last["goals_passing"] >= prev["goals_passing"]:
+        return None
+    cycle = last.get("cycle") if isinstance(last.get("cycle"), int) else 0
+    return cycle, f"goals passing fell {prev['goals_passing']} -> {last['goals_passing']} of {last['goals_total']}"
+
+
+def is_red(entry: dict[str, Any] | None) -> bool:
+    if not entry:
+        return False
+    if entry.get("result") == "regressed":
+        return True
+    gate = entry.get("gate")
+    return isinstance(gate, str) and bool(_RED.search(gate))
+
+
+def evaluate(s: HaltSnapshot) -> Step1:
+    warnings: list[str] = []
+    for name, m in (("KILL", s.global_kill), ("KILL", s.local_kill), ("STOP", s.stop)):
+        if m.present and not m.fresh(s.kill_ttl_s):
+            warnings.append(
+                f"stale {name} marker ignored: {m.path} is {m.age_s / 86400:.1f} days old "
+                f"(TTL {s.kill_ttl_s / 86400:g} days); not deleted"
+            )
+    w = tuple(warnings)
+    for m in (s.global_kill, s.local_kill):
+        if m.fresh(s.kill_ttl_s):
+            return Step1(halt=KILL, detail=f"{m.path}: {m.content.strip()[:200]}", warnings=w)
+    if s.stop.fresh(s.kill_ttl_s):
+        return Step1(halt=USER_HALT, detail=s.stop.content.strip()[:200], warnings=w)
+
+    clear_dormant = False
+    if s.dormant.present:
+        if s.dormant_probe is None:
+            return Step1(need=NEED_DORMANT_PROBE, warnings=w)
+        if s.dormant_probe == "empty":
+            return Step1(halt=DORMANT, detail=s.dormant.content.strip()[:200], warnings=w)
+        if s.dormant_probe == "work":
+            clear_dormant = True
+        else:
+            w = (*w, "DORMANT present but a work source probe failed; going on (fail open)")
+
+    clear_handoff = s.handoff.present
+
+    if s.governor_configured:
+        if s.governor_exit is None:
+            return Step1(need=NEED_GOVERNOR, clear_dormant=clear_dormant, clear_handoff=clear_handoff, warnings=w)
+        if s.governor_exit == 3:
+            return Step1(halt=GOVERNOR, clear_dormant=clear_dormant, clear_handoff=clear_handoff, warnings=w)
+        if s.governor_exit != 0:
+            w = (*w, f"governor exited {s.governor_exit}; going on")
+
+    common = {"clear_dormant": clear_dormant, "clear_handoff": clear_handoff}
+    breaker_probe = False
+    if s.breaker_open_until is not None:
+        if s.breaker_open_until > s.now:
+            return Step1(
+                halt=BREAKER, detail=f"open for {s.breaker_open_until - s.now:.0f}s more", warnings=w, **common
+            )
+        breaker_probe = True
+
+    consume_ack = False
+    acked = 0
+    drop = goal_drop(s.ledger_tail)
+    if drop is not None and drop[0] > s.ack_regression_cycle:
+        if s.ack_regression.present:
+            consume_ack, acked = True, drop[0]
+        else:
+            return Step1(halt=GOAL_REGRESSION, detail=drop[1], warnings=w, breaker_probe=breaker_probe, **common)
+
+    last = s.ledger_tail[-1] if s.ledger_tail else None
+    return Step1(
+        restorative=is_red(last),
+        breaker_probe=breaker_probe,
+        consume_ack=consume_ack,
+        acked_cycle=acked,
+        warnings=w,
+        **common,
+    )

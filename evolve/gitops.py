@@ -1,0 +1,116 @@
+"""Git operations the cycle needs, always by explicit path and argv (never ``git add -A``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+NON_SUBSTANTIVE_FILES = ("GOALS.md", "GOALS.yaml", "GOALS.yml")
+
+
+class GitError(Exception):
+    pass
+
+
+def _env(repo: Path) -> Mapping[str, str]:
+    env = dict(os.environ)
+    env.setdefault("GIT_TERMINAL_PROMPT", "0")
+    # A repo without an identity must still be committable by an unattended loop.
+    probe = subprocess.run(["git", "config", "user.email"], cwd=repo, capture_output=True, text=True)
+    if probe.returncode != 0 or not probe.stdout.strip():
+        env.setdefault("GIT_AUTHOR_NAME", "evolve")
+        env.setdefault("GIT_AUTHOR_EMAIL", "evolve@localhost")
+        env.setdefault("GIT_COMMITTER_NAME", "evolve")
+        env.setdefault("GIT_COMMITTER_EMAIL", "evolve@localhost")
+    return env
+
+
+def git(repo: Path, *args: str, check: bool = True, env: Mapping[str, str] | None = None) -> str:
+    proc = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, env=env)
+    if check and proc.returncode != 0:
+        raise GitError(f"git {args[0]} failed: {proc.stderr.strip()[:300]}")
+    return proc.stdout
+
+
+def head(repo: Path) -> str | None:
+    proc = subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=repo, capture_output=True, text=True)
+    return proc.stdout.strip() or None if proc.returncode == 0 else None
+
+
+def is_internal(path: str) -> bool:
+    return path == ".agents" or path.startswith(".agents/")
+
+
+def dirty_paths(repo: Path) -> set[str]:
+    """Paths with uncommitted changes or untracked, as git reports them (``-z``: names verbatim)."""
+    out = git(repo, "status", "--porcelain=v1", "-z", "--untracked-files=all")
+    paths: set[str] = set()
+    parts = out.split("\0")
+    i = 0
+    while i < len(parts):
+        rec = parts[i]
+        i += 1
+        if len(rec) < 4:
+            continue
+        status, path = rec[:2], rec[3:]
+        paths.add(path)
+        if "R" in status or "C" in status:
+            if i < len(parts) and parts[i]:
+                paths.add(parts[i])  # the rename's source path
+            i += 1
+    return paths
+
+
+def changed_since(repo: Path, start: str | None) -> set[str]:
+    """Paths that differ between ``start`` and HEAD (commits the agent made itself)."""
+    now = head(repo)
+    if not start or not now or start == now:
+        return set()
+    out = git(repo, "diff", "--name-only", "-z", f"{start}..{now}")
+    return {p for p in out.split("\0") if p}
+
+
+def substantive(paths: Iterable[str]) -> list[str]:
+    """Paths that count as a real change: outside ``.agents/`` and the GOALS files."""
+    return sorted(p for p in paths if not is_internal(p) and p not in NON_SUBSTANTIVE_FILES)
+
+
+def commit_paths(repo: Path, paths: Iterable[str], message: str) -> str | None:
+    """Stage and commit exactly ``paths``; returns the new HEAD (None when nothing was staged)."""
+    paths = sorted(set(paths))
+    if not paths:
+        return None
+    env = _env(repo)
+    git(repo, "add", "--", *paths, env=env)
+    staged = git(repo, "diff", "--cached", "--name-only", "-z", "--", *paths, env=env)
+    if not staged.strip("\0"):
+        return None
+    git(repo, "commit", "-q", "--no-verify", "-m", message, "--", *paths, env=env)
+    return head(repo)
+
+
+def restore_cycle(repo: Path, start: str | None, paths_before: set[str]) -> list[str]:
+    """Undo what a cycle did: revert its commits and restore the paths it dirtied.
+
+    Paths that were already dirty before the cycle are the operator's and are left alone.
+    """
+    env = _env(repo)
+    now = head(repo)
+    if start and now and now != start:
+        git(repo, "revert", "--no-edit", f"{start}..{now}", env=env)
+    touched = sorted(p for p in dirty_paths(repo) - paths_before if not is_internal(p))
+    tracked = set(git(repo, "ls-files", "-z", "--", *touched).split("\0")) if touched else set()
+    for p in touched:
+        if p in tracked:
+            git(repo, "checkout", "-q", "HEAD", "--", p, env=env)
+        else:
+            target = repo / p
+            if target.is_file() or target.is_symlink():
+                target.unlink()
+    return touched
+
+
+def commit_message(cycle: int, target: str, result: str) -> str:
+    return f"evolve: cycle {cycle} -- {target} {result}"

@@ -1,0 +1,1 @@
+"""Work sources (harvested queue, beads, goals, generators) behind one interface, and the ladder."""
