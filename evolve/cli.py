@@ -193,3 +193,11 @@ def main(argv: list[str] | None = None) -> int:
         return exitcodes.SIGINT
     except BrokenPipeError:
         return exitcodes.OK
+    except Exception as exc:
+        # The fire has already logged ``fire.error`` with the traceback; one line here.
+        print(f"evolve: unexpected error: {type(exc).__name__}: {str(exc)[:300]}", file=sys.stderr)
+        if os.environ.get("EVOLVE_LOG_LEVEL", "").lower() == "debug":
+            import traceback
+
+            traceback.print_exc()
+        return exitcodes.ERROR

@@ -149,3 +149,21 @@ def test_hard_and_idle_timeouts_kill_the_agent_group(env: Env, fire_inproc) -> N
     assert e["result"] == "failed" and e["error_class"] == "timeout" and "hard" in e["error"]
     assert not group_alive(env.calls()[-1]["pgid"])
     assert os.path.exists(env.paths.ledger)
+
+
+def test_unexpected_error_mid_cycle_is_reconciled_as_a_crash(env: Env, cli) -> None:
+    env.queue(entry("alpha"))
+    head = (env.repo / ".git" / "HEAD").read_bytes()
+    # The agent breaks the repository under evolve's feet: git itself now fails.
+    env.steps([{"write": [{"path": ".git/HEAD", "content": "garbage\n"}],
+                "report": {"result": "improved"}}, improved_step()])
+    r = cli("fire")
+    assert r.code == 1
+    assert len(r.stderr.strip().splitlines()) == 1 and "unexpected error" in r.stderr
+    assert "fire.error" in r.names()
+    assert env.state()["fire"]["cycle"] == 1  # left for the next fire to reconcile
+    (env.repo / ".git" / "HEAD").write_bytes(head)
+    r = cli("fire", "--cycles", "1")
+    assert r.code == 0, r.stderr
+    assert "reconcile.crashed" in r.names()
+    assert results(env.ledger()) == ["crashed", "improved"]

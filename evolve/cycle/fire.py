@@ -165,10 +165,14 @@ class Fire:
         outcome = FireOutcome()
         try:
             self._cycles(step1, outcome, started=now)
-        finally:
-            self.state.fire = None
-            self._save()
-            self.paths.cycle_state.unlink(missing_ok=True)
+        except Exception as exc:
+            # session-state.fire stays recorded: the next fire reconciles this one as crashed
+            # (ledger entry, claim released, agent group killed) exactly as after a SIGKILL.
+            self.log.exception("fire.error", error=str(exc)[:300])
+            raise
+        self.state.fire = None
+        self._save()
+        self.paths.cycle_state.unlink(missing_ok=True)
         self.log.info(
             "fire.end",
             reason=outcome.reason,
@@ -336,8 +340,40 @@ class Fire:
                 return items[0], errored
         return None, errored
 
+    def _claim(self, cycle: int, item: WorkItem, claimer: str) -> bool:
+        """Record the claim in session-state first, then claim in the source.
+
+        In that order a crash in between leaves a recorded claim the next fire releases as a
+        no-op, never an ``in_progress`` item nobody knows about.
+        """
+        st = self.state
+        now = utc_iso(self.clock())
+        st.claimed_work = {
+            "ref": item.ref,
+            "source": item.source,
+            "claimed_by": claimer,
+            "claimed_at": now,
+            "cycle": cycle,
+            "title": item.title,
+        }
+        assert st.fire is not None
+        st.fire["cycle"] = cycle
+        self._save()
+        src = self._source(item.source)
+        assert src is not None
+        try:
+            src.claim(item, claimer, now)
+        except ClaimLost:
+            self.log.info("claim.lost", ref=item.ref)
+            st.claimed_work = None
+            st.fire["cycle"] = None
+            self._save()
+            return False
+        return True
+
     def _cycles(self, step1: halt.Step1, outcome: FireOutcome, started: float) -> None:
         restorative = step1.restorative
+        lost = 0
         while True:
             reason = self._stop_reason(outcome, started)
             if reason:
@@ -352,11 +388,12 @@ class Fire:
                 self._idle_cycle(cycle, errored, outcome)
                 outcome.reason = "idle" if not errored else "probe_error"
                 return
-            try:
-                claimer = f"evolve:cycle-{cycle}"
-                self._source(item.source).claim(item, claimer, utc_iso(self.clock()))  # type: ignore[union-attr]
-            except ClaimLost:
-                self.log.info("claim.lost", ref=item.ref)
+            claimer = f"evolve:cycle-{cycle}"
+            if not self._claim(cycle, item, claimer):
+                lost += 1
+                if lost >= 10:
+                    outcome.reason = "claims_lost"
+                    return
                 continue
             stop = self._work_cycle(cycle, item, claimer, restorative, outcome)
             outcome.cycles += 1
@@ -431,22 +468,8 @@ class Fire:
         self, cycle: int, item: WorkItem, claimer: str, restorative: bool, outcome: FireOutcome
     ) -> str | None:
         st = self.state
-        src = self._source(item.source)
-        assert src is not None
-        now = self.clock()
-        st.claimed_work = {
-            "ref": item.ref,
-            "source": item.source,
-            "claimed_by": claimer,
-            "claimed_at": utc_iso(now),
-            "cycle": cycle,
-            "title": item.title,
-        }
         st.idle_streak = 0
         st.generator_empty_streak = 0
-        assert st.fire is not None
-        st.fire["cycle"] = cycle
-        self._save()
         repo = self.paths.repo
         start_sha = gitops.head(repo)
         dirty_before = gitops.dirty_paths(repo)
@@ -629,8 +652,8 @@ class Fire:
             summary=report.summary,
         )
         st.last_logged_cycle = cycle
-        st.last_result, st.last_mode, st.last_selected_source = result, mode, item.source
         st.mode_repeat_streak = st.mode_repeat_streak + 1 if st.last_mode == mode else 1
+        st.last_result, st.last_mode, st.last_selected_source = result, mode, item.source
         prev_streak = st.context_streak
         st.context_streak = budget.next_streak(prev_streak, heavy=reading.heavy, result=result)
         if reading.heavy and item.ref not in st.parked_work:
