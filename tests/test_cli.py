@@ -107,3 +107,32 @@ def test_demo_runs_end_to_end(tmp_path) -> None:
     results = [e["result"] for e in ledger]
     assert results[:4] == ["improved", "scout", "harvested", "context-handoff"]
     assert "improved" in results[4:]
+
+
+def test_logs_are_console_text_on_a_tty_and_json_otherwise(env: Env, cli) -> None:
+    import os
+    import pty
+
+    env.queue(entry("a", "b"))
+    master, slave = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-m", "evolve", "--repo", str(env.repo), "fire", "--cycles", "1"],
+                         stdout=slave, stderr=slave, env=env.env())
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    p.wait(timeout=60)
+    os.close(master)
+    text = b"".join(chunks).decode(errors="replace")
+    assert "fire.start" in text and "cycle.end" in text
+    assert not any(line.lstrip().startswith("{") for line in text.splitlines() if line.strip())
+    piped = cli("fire", "--cycles", "1")
+    assert piped.events() and all(line.startswith("{") for line in piped.stdout.splitlines())
+    ends = [e for e in piped.events() if e["event"] == "cycle.end"]
+    assert ends[0]["fire_id"] and ends[0]["cycle"] == 2
