@@ -31,6 +31,7 @@ class AgentConfig:
     allowed_tools: list[str] = field(default_factory=list)
     timeout_s: float = 1800
     idle_timeout_s: float = 600
+    heartbeat_s: float = 30
     max_turns: int = 0
     max_budget_usd: float = 0
     base_url: str = ""
@@ -125,6 +126,7 @@ RANGES: dict[tuple[str, str], tuple[float, float]] = {
     ("fire", "max_cost_usd"): (0, 1 << 30),
     ("agent", "timeout_s"): (0, 1 << 30),
     ("agent", "idle_timeout_s"): (0, 1 << 30),
+    ("agent", "heartbeat_s"): (0.1, 1 << 30),
     ("agent", "max_turns"): (0, 1 << 30),
     ("agent", "max_budget_usd"): (0, 1 << 30),
     ("work", "max_attempts"): (1, 1_000_000),
@@ -200,7 +202,7 @@ def _parse_env_value(raw: str, tp: Any, name: str, section: str, key: str) -> An
         try:
             return shlex.split(raw)
         except ValueError as exc:
-            raise ConfigError(f"env {name}: cannot split command line: {exc}") from exc
+            raise ConfigError(f"env {name}: {section}.{key}: cannot split command line: {exc}") from exc
     if tp is bool:
         low = raw.strip().lower()
         if low in ("1", "true", "yes", "on"):
@@ -251,7 +253,17 @@ def resolve(
     env: Mapping[str, str],
     flags: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Config:
-    """Merge the layers into a validated :class:`Config` (pure: no I/O)."""
+    """Merge the layers into a validated :class:`Config` (pure: no I/O).
+
+    Every layer is validated, not only the winning one: a wrong type in the file is an error even
+    when an env var or a flag overrides that key.
+    """
+
+    def checked(section: str, key: str, value: Any, where: str) -> tuple[Any, str]:
+        v = _check(value, _section_fields(section)[key], where, f"{section}.{key}")
+        _validate_ranges(section, key, v, where)
+        return v, where
+
     layers: dict[str, dict[str, tuple[Any, str]]] = {s: {} for s in SECTIONS}
     for section, table in toml.items():
         if section not in SECTIONS:
@@ -262,21 +274,16 @@ def resolve(
         for key, value in table.items():
             if key not in fields:
                 raise ConfigError(f"{toml_path}: unknown key {section}.{key}")
-            layers[section][key] = (value, toml_path)
+            layers[section][key] = checked(section, key, value, toml_path)
     for section, table in env_overrides(env).items():
-        layers[section].update(table)
+        for key, (value, where) in table.items():
+            layers[section][key] = checked(section, key, value, where)
     for section, table in (flags or {}).items():
         for key, value in table.items():
-            layers[section][key] = (value, "command line")
+            layers[section][key] = checked(section, key, value, "command line")
     built: dict[str, Any] = {}
     for section, cls in SECTIONS.items():
-        fields = _section_fields(section)
-        values: dict[str, Any] = {}
-        for key, (value, where) in layers[section].items():
-            checked = _check(value, fields[key], where, f"{section}.{key}")
-            _validate_ranges(section, key, checked, where)
-            values[key] = checked
-        built[section] = cls(**values)
+        built[section] = cls(**{key: value for key, (value, _) in layers[section].items()})
     return Config(**built)
 
 

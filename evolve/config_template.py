@@ -14,6 +14,7 @@ TEMPLATE = """\
 # allowed_tools = []
 # timeout_s = 1800           # hard limit per agent run; the agent's process group is killed
 # idle_timeout_s = 600       # no output for this long = hung
+# heartbeat_s = 30           # agent.heartbeat log line every this many seconds while the agent runs
 # max_turns = 0              # 0 = not passed
 # max_budget_usd = 0         # 0 = not passed
 # base_url = ""              # http runner

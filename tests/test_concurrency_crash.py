@@ -167,3 +167,14 @@ def test_unexpected_error_mid_cycle_is_reconciled_as_a_crash(env: Env, cli) -> N
     assert r.code == 0, r.stderr
     assert "reconcile.crashed" in r.names()
     assert results(env.ledger()) == ["crashed", "improved"]
+
+
+def test_heartbeat_while_the_agent_runs(env: Env, cli) -> None:
+    env.write_config(agent={"heartbeat_s": 0.2})
+    env.queue(entry("a"))
+    env.steps([{**improved_step(), "sleep": 1.0}])
+    r = cli("fire", "--cycles", "1")
+    beats = [e for e in r.events() if e["event"] == "agent.heartbeat"]
+    assert len(beats) >= 3
+    assert all(b["cycle"] == 1 for b in beats)
+    assert beats[-1]["elapsed_s"] > beats[0]["elapsed_s"]

@@ -99,6 +99,7 @@ class CommandRunner:
         *,
         on_start: Callable[[int], None] | None = None,
         stop: threading.Event | None = None,
+        on_heartbeat: Callable[[float], None] | None = None,
     ) -> AgentReport:
         inv.run_dir.mkdir(parents=True, exist_ok=True)
         inv.prompt_file.write_text(inv.prompt, encoding="utf-8")
@@ -115,6 +116,8 @@ class CommandRunner:
                 log_path=inv.log_file,
                 on_start=on_start,
                 stop=stop,
+                on_heartbeat=on_heartbeat,
+                heartbeat_s=self.cfg.heartbeat_s,
             )
         except OSError as exc:
             return AgentReport("failed", error_class="fatal", error=f"cannot start agent {argv[0]!r}: {exc}")

@@ -71,6 +71,8 @@ def run_group(
     log_path: Path | None = None,
     on_start: Callable[[int], None] | None = None,
     on_output: Callable[[bytes], None] | None = None,
+    on_heartbeat: Callable[[float], None] | None = None,
+    heartbeat_s: float = 30.0,
     stop: threading.Event | None = None,
     grace_s: float = GRACE_S,
     tail_bytes: int = 16 * 1024,
@@ -100,6 +102,7 @@ def run_group(
     timed_out: str | None = None
     interrupted = False
     last_output = time.monotonic()
+    next_beat = start + heartbeat_s
     assert proc.stdout is not None
     os.set_blocking(proc.stdout.fileno(), False)
     sel = selectors.DefaultSelector()
@@ -117,6 +120,9 @@ def run_group(
             if stop is not None and stop.is_set():
                 interrupted = True
                 break
+            if on_heartbeat and now >= next_beat:
+                next_beat = now + heartbeat_s
+                on_heartbeat(now - start)
             if eof:
                 if proc.poll() is not None:
                     break

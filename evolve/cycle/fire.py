@@ -510,7 +510,10 @@ class Fire:
             st.fire["agent_pgid"] = pgid
             self._save()
 
-        report = self._runner().run(inv, on_start=on_start, stop=self.stop)
+        def on_heartbeat(elapsed: float) -> None:
+            self.log.info("agent.heartbeat", cycle=cycle, elapsed_s=round(elapsed, 1))
+
+        report = self._runner().run(inv, on_start=on_start, stop=self.stop, on_heartbeat=on_heartbeat)
         st.fire["agent_pgid"] = None
         outcome.cost_usd += report.cost_usd
 
