@@ -174,6 +174,8 @@ class Ledger:
         cycle = entry_cycle(entry)
         if cycle is None:
             raise LedgerError("ledger entry has no integer 'cycle'")
+        # SPEC §3: a torn last line is moved aside first, or the new line would fuse with it.
+        self.repair_torn()
         last = self.last_cycle()
         if cycle <= last:
             raise LedgerError(f"cycle {cycle} is not after the ledger's last cycle {last}")
