@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 AGENT_RESULTS = ("improved", "harvested", "scout", "unchanged", "failed")
 ERROR_CLASSES = ("limit", "transient", "fatal", "timeout", "crashed", "interrupted")
+
+
+def _finite_nonneg(v: Any) -> bool:
+    """A usable count or amount: a real number (not a bool), not negative, not inf/nan."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return False
+    return v >= 0 and (isinstance(v, int) or math.isfinite(v))
 
 
 @dataclass(frozen=True)
@@ -36,7 +44,7 @@ class Usage:
 
         def num(k: str) -> int:
             v = obj.get(k, 0)
-            return int(v) if isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 else 0
+            return int(v) if _finite_nonneg(v) else 0
 
         return cls(
             num("input_tokens"),
@@ -92,7 +100,7 @@ def parse_report(obj: Any) -> AgentReport:
         percepts=[p[:500] for p in percepts if isinstance(p, str)][:20] if isinstance(percepts, list) else [],
         session_id=obj["session_id"] if isinstance(obj.get("session_id"), str) and obj["session_id"] else None,
         usage=Usage.parse(obj.get("usage")),
-        cost_usd=float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool) and cost >= 0 else 0.0,
+        cost_usd=float(cost) if _finite_nonneg(cost) else 0.0,
         num_turns=turns if isinstance(turns, int) and not isinstance(turns, bool) and turns >= 0 else 0,
         context_window=window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else 0,
         context_heavy=obj.get("context_heavy") is True,

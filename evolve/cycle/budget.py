@@ -45,8 +45,9 @@ def read_context(report: AgentReport, *, heavy_pct: float, window_override: int 
     window = window_override or report.context_window
     pct = None
     if window > 0 and report.usage.context_tokens > 0:
-        pct = round(100.0 * report.usage.context_tokens / window, 2)
-        if pct >= heavy_pct:
+        raw = 100.0 * report.usage.context_tokens / window
+        pct = round(raw, 2)
+        if raw >= heavy_pct:  # compare the exact ratio: 39.999% is below 40 even though it rounds to 40.0
             signals.append(f"occupancy:{pct:g}%")
     return ContextReading(pct, bool(signals), ",".join(signals))
 
