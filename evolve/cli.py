@@ -187,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except EvolveError as exc:
-        print(f"evolve: {exc}", file=sys.stderr)
+        # One line, whatever a hostile key or path contains.
+        print("evolve: " + " ".join(str(exc).split("\n")), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return exitcodes.SIGINT

@@ -194,10 +194,18 @@ def _validate_ranges(section: str, key: str, value: Any, where: str) -> None:
             raise ConfigError(f"{where}: {section}.{key} must be between {lo:g} and {hi:g}, got {value!r}")
 
 
+def _json_string_list(raw: str) -> bool:
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(value, list)
+
+
 def _parse_env_value(raw: str, tp: Any, name: str, section: str, key: str) -> Any:
     if tp is str:
         return raw
-    if (section, key) == ("halt", "governor_cmd") and not raw.lstrip().startswith("["):
+    if (section, key) == ("halt", "governor_cmd") and not _json_string_list(raw):
         # EVOLVE_GOVERNOR_CMD is historically a command line; split it, never hand it to a shell.
         try:
             return shlex.split(raw)

@@ -414,3 +414,15 @@ def test_template_covers_spec_section_10_keys() -> None:
 def test_example_file_equals_template() -> None:
     example = Path(__file__).parents[1] / ".agents" / "evolve" / "config.example.toml"
     assert example.read_bytes() == TEMPLATE.encode("utf-8")
+
+
+def test_governor_command_line_starting_with_a_bracket_is_split_not_json() -> None:
+    cmd = resolve(env={"EVOLVE_GOVERNOR_CMD": "[ -f budget.ok ]"}).halt.governor_cmd
+    assert cmd == ["[", "-f", "budget.ok", "]"]
+
+
+def test_hostile_key_still_gives_one_error_line(env, cli) -> None:
+    env.paths.config.write_text('[fire]\n"max\\ncycles" = 1\n')
+    r = cli("fire")
+    assert r.code == 78
+    assert len(r.stderr.strip().splitlines()) == 1 and "config.toml" in r.stderr

@@ -170,19 +170,20 @@ def reference(c: Case) -> Expected:
         return Expected("breaker_open", governor_asked=gov, **got_past)
     # 7. goal regression: a drop between the last two goal entries of the same total and era, not yet
     #    acknowledged (ack_regression_cycle >= the drop cycle); ACK present acknowledges (consumes) it.
+    #    ACK is consumed by any fire that gets this far, drop or not (SPEC §2: "consumed by the next fire").
     comparable_drop = c.goals == "drop-same-total"
-    consume = False
+    acked = 0
     if comparable_drop and not c.ack_covering:
         if not c.ack:
             return Expected("goal_regression", governor_asked=gov, **got_past)
-        consume = True
+        acked = DROP_CYCLE
     # 8. a red last entry -> restorative mode, not a halt.
     return Expected(
         None,
         governor_asked=gov,
         breaker_probe=c.breaker == "past",
-        consume_ack=consume,
-        acked_cycle=DROP_CYCLE if consume else 0,
+        consume_ack=c.ack,
+        acked_cycle=acked,
         restorative=c.last != "green",
         **got_past,
     )
@@ -416,6 +417,11 @@ def test_goal_regression_halt_then_ack_then_no_rehalt() -> None:
     ledger2 = [*ledger, g(3, 4, 10, "a"), g(4, 3, 10, "a")]
     d4 = evaluate(snapshot(ledger_tail=ledger2, ack_regression_cycle=d2.acked_cycle))
     assert d4.halt == "goal_regression"
+
+
+def test_ack_without_a_drop_is_consumed_and_acknowledges_nothing() -> None:
+    d = evaluate(snapshot(ledger_tail=[g(1, 5, 10), g(2, 6, 10)], ack_regression=marker("ack_regression", "present")))
+    assert d.halt is None and d.consume_ack and d.acked_cycle == 0
 
 
 def test_goal_regression_comes_after_breaker_and_before_restorative() -> None:

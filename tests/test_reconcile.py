@@ -113,3 +113,9 @@ def test_no_fire_with_claim() -> None:
     d = decide(None, claim(3), 2, entry(2, "improved"))
     assert not d.dead_fire and d.crashed_cycle is None and d.kill_pgid is None
     assert d.claim == "release"
+
+
+def test_logged_but_context_heavy_cycle_releases_its_claim() -> None:
+    heavy = {"cycle": 6, "result": "harvested", "context_heavy": True}
+    assert decide(None, claim(6), 6, heavy).claim == "release"
+    assert decide(None, claim(6), 6, {**heavy, "context_heavy": False}).claim == "finalize"

@@ -281,8 +281,9 @@ class Fire:
                 self.log.info("handoff.cleared", content=content)
         if d.consume_ack:
             remove_marker(self.paths.ack_regression)
-            self.state.ack_regression_cycle = d.acked_cycle
-            self.log.info("regression.acknowledged", cycle=d.acked_cycle)
+            if d.acked_cycle:
+                self.state.ack_regression_cycle = d.acked_cycle
+            self.log.info("regression.acknowledged", cycle=d.acked_cycle or None)
         if d.restorative:
             self.log.info("restorative", reason="last cycle was red")
         if d.breaker_probe:

@@ -59,13 +59,17 @@ class Step1:
     warnings: tuple[str, ...] = field(default_factory=tuple)
 
 
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def goal_drop(tail: Sequence[dict[str, Any]]) -> tuple[int, str] | None:
     """``(cycle, detail)`` when the last two goal-carrying entries show a drop in the same era.
 
     Only entries with the same ``goals_total`` (and the same ``goals_era`` when both carry one)
     are comparable, so a GOALS edit or a single-goal re-measure never reads as a regression.
     """
-    carrying = [e for e in tail if isinstance(e.get("goals_passing"), int) and isinstance(e.get("goals_total"), int)]
+    carrying = [e for e in tail if _count(e.get("goals_passing")) and _count(e.get("goals_total"))]
     if len(carrying) < 2:
         return None
     prev, last = carrying[-2], carrying[-1]
@@ -133,14 +137,15 @@ def evaluate(s: HaltSnapshot) -> Step1:
             )
         breaker_probe = True
 
-    consume_ack = False
+    # ACK-REGRESSION is consumed by the first fire that gets this far, drop or no drop: an ACK
+    # written ahead of time must not silently acknowledge some later regression.
+    consume_ack = s.ack_regression.present
     acked = 0
     drop = goal_drop(s.ledger_tail)
     if drop is not None and drop[0] > s.ack_regression_cycle:
-        if s.ack_regression.present:
-            consume_ack, acked = True, drop[0]
-        else:
+        if not s.ack_regression.present:
             return Step1(halt=GOAL_REGRESSION, detail=drop[1], warnings=w, breaker_probe=breaker_probe, **common)
+        acked = drop[0]
 
     last = s.ledger_tail[-1] if s.ledger_tail else None
     return Step1(

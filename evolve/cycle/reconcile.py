@@ -41,6 +41,8 @@ def decide(
             and isinstance(cc, int)
             and last_entry.get("cycle") == cc
             and last_entry.get("result") in SUCCESS
+            # A heavy cycle parks its item for a fresh session: released, as the live path does.
+            and last_entry.get("context_heavy") is not True
         )
         claim = "finalize" if logged_ok else "release"
     return Reconcile(bool(fire), crashed, pgid, claim)
