@@ -477,13 +477,7 @@ class Fire:
         self._write_cycle_state(cycle, item, "agent", start_sha)
         self.log.info("cycle.start", cycle=cycle, ref=item.ref, title=item.title, source=item.source)
 
-        events = (st.agent_session or {}).get("events_since", 0)
-        decision = sessions.choose_mode(
-            st.agent_session,
-            item.ref,
-            events_since=events if isinstance(events, int) else 0,
-            fresh_start_turns=self.cfg.context.returning_fresh_start_turns,
-        )
+        decision, inv = self._plan_agent(cycle, item, restorative)
         self.log.info(
             "agent.mode",
             mode=decision.mode,
@@ -491,19 +485,6 @@ class Fire:
             reason=decision.reason,
             need_stale=decision.need_stale,
             turn_gap=decision.turn_gap,
-        )
-        prior = (st.agent_session or {}).get("summary", "") if decision.mode == sessions.FIRST else ""
-        inv = Invocation(
-            repo=repo,
-            run_dir=self.paths.runs_dir,
-            cycle=cycle,
-            mode=decision.mode,
-            session_id=decision.session_id,
-            resume=decision.resume,
-            work=item,
-            prompt=build_prompt(
-                cycle=cycle, mode=decision.mode, work=item, prior_summary=prior, restorative=restorative
-            ),
         )
 
         def on_start(pgid: int) -> None:
@@ -525,6 +506,34 @@ class Fire:
 
         result, extra = self._gate(cycle, item, report, start_sha, dirty_before)
         return self._finish(cycle, item, claimer, decision, report, result, extra, outcome)
+
+    def _plan_agent(
+        self, cycle: int, item: WorkItem, restorative: bool, new_id: str | None = None
+    ) -> tuple[sessions.ModeDecision, Invocation]:
+        """Resume or start fresh, and the exact invocation that follows (shared with --dry-run)."""
+        session = self.state.agent_session
+        events = (session or {}).get("events_since", 0)
+        decision = sessions.choose_mode(
+            session,
+            item.ref,
+            events_since=events if isinstance(events, int) else 0,
+            fresh_start_turns=self.cfg.context.returning_fresh_start_turns,
+            new_id=new_id,
+        )
+        prior = (session or {}).get("summary", "") if decision.mode == sessions.FIRST else ""
+        inv = Invocation(
+            repo=self.paths.repo,
+            run_dir=self.paths.runs_dir,
+            cycle=cycle,
+            mode=decision.mode,
+            session_id=decision.session_id,
+            resume=decision.resume,
+            work=item,
+            prompt=build_prompt(
+                cycle=cycle, mode=decision.mode, work=item, prior_summary=prior, restorative=restorative
+            ),
+        )
+        return decision, inv
 
     def _runner(self) -> CommandRunner:
         return CommandRunner(self.cfg.agent, self.env)
@@ -756,32 +765,7 @@ class Fire:
             if item is None:
                 plan["selection"] = None
             else:
-                events = (self.state.agent_session or {}).get("events_since", 0)
-                decision = sessions.choose_mode(
-                    self.state.agent_session,
-                    item.ref,
-                    events_since=events if isinstance(events, int) else 0,
-                    fresh_start_turns=self.cfg.context.returning_fresh_start_turns,
-                    new_id="<new-session-uuid>",
-                )
-                inv = Invocation(
-                    repo=self.paths.repo,
-                    run_dir=self.paths.runs_dir,
-                    cycle=cycle,
-                    mode=decision.mode,
-                    session_id=decision.session_id,
-                    resume=decision.resume,
-                    work=item,
-                    prompt=build_prompt(
-                        cycle=cycle,
-                        mode=decision.mode,
-                        work=item,
-                        prior_summary=(self.state.agent_session or {}).get("summary", "")
-                        if decision.mode == sessions.FIRST
-                        else "",
-                        restorative=d.restorative,
-                    ),
-                )
+                decision, inv = self._plan_agent(cycle, item, d.restorative, new_id="<new-session-uuid>")
                 argv, env_changes = self._runner().plan(inv)
                 plan["selection"] = item.as_json()
                 plan["agent"] = {

@@ -59,14 +59,20 @@ def write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, dumps(obj, pretty=True))
 
 
-def move_aside(path: Path, label: str) -> Path:
-    """Rename ``path`` to ``<name>.<label>-<UTC>`` (never overwriting) and return the new path."""
+def _aside_name(path: Path, label: str) -> Path:
+    """``<name>.<label>-<UTC>``, with a counter when that name is taken (never overwrite)."""
     stamp = utc_stamp()
     target = path.with_name(f"{path.name}.{label}-{stamp}")
     n = 1
     while target.exists():
         target = path.with_name(f"{path.name}.{label}-{stamp}.{n}")
         n += 1
+    return target
+
+
+def move_aside(path: Path, label: str) -> Path:
+    """Rename ``path`` to ``<name>.<label>-<UTC>`` and return the new path."""
+    target = _aside_name(path, label)
     os.replace(path, target)
     fsync_dir(path.parent)
     return target
@@ -74,11 +80,6 @@ def move_aside(path: Path, label: str) -> Path:
 
 def save_aside(path: Path, label: str, data: bytes) -> Path:
     """Write ``data`` next to ``path`` as ``<name>.<label>-<UTC>`` (bad bytes kept, not dropped)."""
-    stamp = utc_stamp()
-    target = path.with_name(f"{path.name}.{label}-{stamp}")
-    n = 1
-    while target.exists():
-        target = path.with_name(f"{path.name}.{label}-{stamp}.{n}")
-        n += 1
+    target = _aside_name(path, label)
     atomic_write_bytes(target, data, mode=0o600)
     return target
