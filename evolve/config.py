@@ -69,6 +69,9 @@ class WorkConfig:
     max_attempts: int = 3
     quality: bool = False
     beads_only: bool = False
+    probe_timeout_s: float = 30
+    goal_timeout_s: float = 60
+    goals_timeout_s: float = 300
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,9 @@ RANGES: dict[tuple[str, str], tuple[float, float]] = {
     ("agent", "max_turns"): (0, 1 << 30),
     ("agent", "max_budget_usd"): (0, 1 << 30),
     ("work", "max_attempts"): (1, 1_000_000),
+    ("work", "probe_timeout_s"): (0.1, 1 << 30),
+    ("work", "goal_timeout_s"): (0.1, 1 << 30),
+    ("work", "goals_timeout_s"): (0.1, 1 << 30),
     ("breaker", "max_consecutive_failures"): (1, 1_000_000),
     ("breaker", "cooldown_minutes"): (0, 1 << 30),
     ("halt", "kill_ttl_days"): (0, 1 << 30),

@@ -42,8 +42,11 @@ TEMPLATE = """\
 # beads_command = ["bd", "ready", "--json"]
 # generators = []            # list of argv lists
 # max_attempts = 3
-# quality = false
-# beads_only = false
+# quality = false            # high, then medium severity harvested findings first
+# beads_only = false         # skip goals
+# probe_timeout_s = 30       # tracker (bd ready) and generator commands
+# goal_timeout_s = 60        # one GOALS check
+# goals_timeout_s = 300      # all GOALS checks of one measurement
 
 [gate]
 # commands = []              # list of argv lists, run in order after the agent

@@ -69,6 +69,7 @@ def run_group(
     timeout_s: float,
     idle_timeout_s: float,
     log_path: Path | None = None,
+    stderr_path: Path | None = None,
     on_start: Callable[[int], None] | None = None,
     on_output: Callable[[bytes], None] | None = None,
     on_heartbeat: Callable[[float], None] | None = None,
@@ -80,6 +81,7 @@ def run_group(
     """Run ``argv`` (never through a shell) and wait for it under the timeouts."""
     start = time.monotonic()
     log = open(log_path, "ab") if log_path else None  # noqa: SIM115 - closed in finally
+    err = open(stderr_path, "ab") if stderr_path else None  # noqa: SIM115 - closed below
     try:
         proc = subprocess.Popen(
             list(argv),
@@ -87,7 +89,7 @@ def run_group(
             env=dict(env),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            stderr=err if err else subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
         )
@@ -95,6 +97,9 @@ def run_group(
         if log:
             log.close()
         raise
+    finally:
+        if err:
+            err.close()  # the child holds its own copy
     pgid = proc.pid  # start_new_session: the child leads its own group
     if on_start:
         on_start(pgid)

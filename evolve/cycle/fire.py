@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import subprocess
 import threading
@@ -18,6 +17,8 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+import orjson
 
 from evolve import exitcodes, gitops
 from evolve import log as logmod
@@ -30,7 +31,9 @@ from evolve.config import Config
 from evolve.cycle import budget, halt
 from evolve.cycle import reconcile as recon
 from evolve.cycle.entry import agent_fields, base_entry
+from evolve.cycle.gate import Gate
 from evolve.cycle.handoff import handoff_text, milestone
+from evolve.cycle.select import Selector
 from evolve.paths import Paths
 from evolve.store import session_state
 from evolve.store.atomic import atomic_write_bytes, write_json
@@ -38,10 +41,11 @@ from evolve.store.ledger import Ledger
 from evolve.store.lock import FireLock
 from evolve.store.markers import read_marker, remove_marker
 from evolve.timeutil import parse_iso, utc_iso
-from evolve.work.harvested import HarvestedQueue, append_bytes
-from evolve.work.item import ClaimLost, SourceError, WorkItem, WorkSource, clean_text
+from evolve.work import dormancy, generators, ladder
+from evolve.work.harvested import append_bytes
+from evolve.work.item import ClaimLost, SourceError, WorkItem, WorkSource
 
-_SUFFIX = re.compile(r"-\d+(st|nd|rd|th)?$")
+MAX_SCOUTS_PER_CYCLE = 3
 
 
 @dataclass(frozen=True)
@@ -60,11 +64,6 @@ class FireOutcome:
     halt: str | None = None
     cost_usd: float = 0.0
     entries: list[dict[str, Any]] = field(default_factory=list)
-
-
-def work_mode(source: str, item_type: str) -> str:
-    """The metronome's ``mode``: ``selected_source:shape`` with an ordinal suffix stripped."""
-    return f"{source}:{_SUFFIX.sub('', item_type or 'work')}"
 
 
 class Fire:
@@ -89,10 +88,8 @@ class Fire:
         self.stop = threading.Event()
         self.signal_received: int | None = None
         self.mode = opts.mode or cfg.fire.mode
-        repo_names = (paths.repo.name,)
-        self.sources: list[WorkSource] = sources or [
-            HarvestedQueue(paths.nextwork, repo_names=repo_names, quality=cfg.work.quality)
-        ]
+        self.selector = Selector(paths, cfg, self.env, self.log, write=not opts.dry_run, sources=sources)
+        self.gate = Gate(paths, cfg, self.log)
         self.state = session_state.SessionState()
 
     # -- entry point -----------------------------------------------------------------------
@@ -237,7 +234,7 @@ class Fire:
         return WorkItem(source=str(claimed.get("source", "")), ref=ref, title=str(claimed.get("title", "")))
 
     def _source(self, name: object) -> WorkSource | None:
-        return next((s for s in self.sources if s.name == name), None)
+        return self.selector.source_for(name if isinstance(name, str) else None)
 
     # -- step 1 ----------------------------------------------------------------------------
 
@@ -291,14 +288,7 @@ class Fire:
         return d
 
     def _probe_work(self) -> str:
-        try:
-            for src in self.sources:
-                if src.candidates():
-                    return "work"
-        except SourceError as exc:
-            self.log.warning("source.probe_error", error=str(exc))
-            return "error"
-        return "empty"
+        return self.selector.probe_any_work(self.state)
 
     def _run_governor(self) -> int:
         argv = self.cfg.halt.governor_cmd
@@ -324,22 +314,6 @@ class Fire:
         if self.cfg.fire.max_cost_usd and outcome.cost_usd >= self.cfg.fire.max_cost_usd:
             return "max_cost_usd"
         return None
-
-    def _select(self, restorative: bool) -> tuple[WorkItem | None, bool]:
-        """The top selectable item (re-read from disk now) and whether any probe failed."""
-        errored = False
-        for src in self.sources:
-            try:
-                items = src.candidates()
-            except SourceError as exc:
-                self.log.warning("source.probe_error", source=src.name, error=str(exc))
-                errored = True
-                continue
-            if restorative:
-                items = [i for i in items if i.is_red_reducing]
-            if items:
-                return items[0], errored
-        return None, errored
 
     def _claim(self, cycle: int, item: WorkItem, claimer: str) -> bool:
         """Record the claim in session-state first, then claim in the source.
@@ -382,28 +356,72 @@ class Fire:
                 if reason == "interrupted":
                     outcome.exit_code = exitcodes.SIGTERM
                 return
+            sel = self.selector.select(self.state, restorative=restorative)
+            for item, flips in sel.quarantine:
+                self._quarantined(item, flips, outcome)
             cycle = self.ledger.last_cycle() + 1
             logmod.bind(cycle=cycle)
-            item, errored = self._select(restorative)
-            if item is None:
-                self._idle_cycle(cycle, errored, outcome)
-                outcome.reason = "idle" if not errored else "probe_error"
+            self.log.info("work.selected", rung=sel.rung, ref=sel.item.ref if sel.item else None, reason=sel.reason)
+            if sel.blocked_mode is not None:
+                self._metronome_blocked(cycle, sel, outcome)
+                outcome.reason = "metronome_blocked"
+                return
+            if sel.item is None:
+                self._idle_cycle(cycle, sel.probe_errors, outcome)
+                outcome.reason = "probe_error" if sel.probe_errors else "idle"
                 return
             claimer = f"evolve:cycle-{cycle}"
-            if not self._claim(cycle, item, claimer):
+            if not self._claim(cycle, sel.item, claimer):
                 lost += 1
                 if lost >= 10:
                     outcome.reason = "claims_lost"
                     return
                 continue
-            stop = self._work_cycle(cycle, item, claimer, restorative, outcome)
+            stop = self._work_cycle(cycle, sel, claimer, restorative, outcome)
             outcome.cycles += 1
             restorative = restorative and self.state.last_result in ("regressed", "failed")
             if stop:
                 outcome.reason = stop
                 return
 
-    def _idle_cycle(self, cycle: int, errored: bool, outcome: FireOutcome) -> None:
+    def _side_entry(self, cycle: int, result: str, item: WorkItem, source: str, mode: str) -> dict[str, Any]:
+        return base_entry(
+            cycle=cycle,
+            result=result,
+            timestamp=utc_iso(self.clock()),
+            target=item.title,
+            source=source,
+            work_ref=item.ref,
+            mode=mode,
+            session_id=(self.state.agent_session or {}).get("id"),
+            fire_id=self.fire_id,
+        )
+
+    def _quarantined(self, item: WorkItem, flips: int, outcome: FireOutcome) -> None:
+        """An oscillating goal is skipped, and that is logged once per era (SPEC §6.3)."""
+        cycle = self.ledger.last_cycle() + 1
+        entry = self._side_entry(cycle, "quarantined", item, item.source, ladder.work_mode(item))
+        entry["oscillations"] = flips
+        self.ledger.append(entry)
+        outcome.entries.append(entry)
+        self.state.last_logged_cycle = cycle
+        self._save()
+        self.log.warning("goal.quarantined", cycle=cycle, ref=item.ref, flips=flips)
+
+    def _metronome_blocked(self, cycle: int, sel: ladder.Selection, outcome: FireOutcome) -> None:
+        top = next((c for c in sel.considered if "hard block" in c.verdict), None)
+        item = WorkItem(source="metronome-gate-blocked", ref=top.ref if top else "", title=top.title if top else "")
+        entry = self._side_entry(cycle, "unchanged", item, "metronome-gate-blocked", sel.blocked_mode or "")
+        entry["reason"] = sel.reason
+        self.ledger.append(entry)
+        outcome.entries.append(entry)
+        st = self.state
+        st.last_logged_cycle = cycle
+        st.last_result, st.last_selected_source = "unchanged", "metronome-gate-blocked"
+        self._save()
+        self.log.warning("metronome.blocked", cycle=cycle, mode=sel.blocked_mode, reason=sel.reason)
+
+    def _idle_cycle(self, cycle: int, errors: tuple[str, ...], outcome: FireOutcome) -> None:
         now = self.clock()
         entry = base_entry(
             cycle=cycle,
@@ -416,39 +434,36 @@ class Fire:
             session_id=(self.state.agent_session or {}).get("id"),
             fire_id=self.fire_id,
         )
-        if errored:
+        if errors:
             entry["probe_error"] = True
         self.ledger.append(entry)
         outcome.entries.append(entry)
-        self.log.info("cycle.idle", cycle=cycle, probe_error=errored)
+        self.log.info("cycle.idle", cycle=cycle, probe_error=bool(errors))
         st = self.state
         st.last_logged_cycle = cycle
         st.last_result, st.last_mode, st.last_selected_source = "unchanged", "idle", "idle"
         st.agent_session = sessions.note_event(st.agent_session)
-        if errored:
+        if errors:
             # A probe error is never "empty": it must not walk the loop towards DORMANT.
+            self._blocked(cycle, now, "source probe error: " + "; ".join(errors)[:500])
             self._save()
             return
-        st.idle_streak += 1
-        st.generator_empty_streak += 1
-        if st.idle_streak >= 2 and st.generator_empty_streak >= 2:
-            reason = "stagnation: all sources empty x3"
-            if self.mode == "burst":
-                text = f"cycle {cycle}\n{utc_iso(now)}\n{reason}\n"
-                atomic_write_bytes(self.paths.dormant, text.encode())
-                self.log.info("dormant.written", cycle=cycle)
-            else:
-                import orjson
-
-                row = {
-                    "cycle": cycle,
-                    "timestamp": utc_iso(now),
-                    "reason": reason,
-                    "needed_context": "queue empty; operator adds work or a marker",
-                }
-                append_bytes(self.paths.blocked, orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE))
-                self.log.info("blocked.logged", cycle=cycle)
+        step = dormancy.empty_pass(st.idle_streak, st.generator_empty_streak, self.mode)
+        st.idle_streak, st.generator_empty_streak = step.idle_streak, step.generator_empty_streak
+        if step.action == "dormant":
+            text = f"cycle {cycle}\n{utc_iso(now)}\n{dormancy.REASON}\n"
+            atomic_write_bytes(self.paths.dormant, text.encode())
+            self.log.info("dormant.written", cycle=cycle)
+        elif step.action == "blocked":
+            self._blocked(cycle, now, dormancy.REASON, needed="queue empty; operator adds work or a marker")
         self._save()
+
+    def _blocked(self, cycle: int, now: float, reason: str, needed: str | None = None) -> None:
+        row: dict[str, Any] = {"cycle": cycle, "timestamp": utc_iso(now), "reason": reason}
+        if needed:
+            row["needed_context"] = needed
+        append_bytes(self.paths.blocked, orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE))
+        self.log.info("blocked.logged", cycle=cycle, reason=reason)
 
     def _write_cycle_state(self, cycle: int, item: WorkItem, phase: str, start_sha: str | None) -> None:
         write_json(
@@ -466,17 +481,51 @@ class Fire:
         )
 
     def _work_cycle(
-        self, cycle: int, item: WorkItem, claimer: str, restorative: bool, outcome: FireOutcome
+        self, cycle: int, sel: ladder.Selection, claimer: str, restorative: bool, outcome: FireOutcome
     ) -> str | None:
+        """One cycle: the agent on the selected item; a scout moves on to the next candidate."""
         st = self.state
         st.idle_streak = 0
         st.generator_empty_streak = 0
+        assert sel.item is not None
+        item = sel.item
+        scouted: list[dict[str, str]] = []
+        while True:
+            decision, report, result, extra = self._attempt(cycle, item, restorative)
+            outcome.cost_usd += report.cost_usd
+            if result == "interrupted":
+                break
+            reading = self._reading(report)
+            if result != "scout" or reading.heavy or len(scouted) >= MAX_SCOUTS_PER_CYCLE:
+                break
+            # A scout is never a stop: apply its split/defer/park and take the next candidate now.
+            self._apply_scout(cycle, item, report, claimer)
+            scouted.append({"ref": item.ref, "disposition": report.disposition})
+            nxt = self.selector.select(st, restorative=restorative, excluded=frozenset(x["ref"] for x in scouted))
+            if nxt.item is None or nxt.blocked_mode is not None or not self._claim(cycle, nxt.item, claimer):
+                st.claimed_work = None
+                self._save()
+                extra["scouted"] = scouted
+                return self._finish(cycle, item, claimer, decision, report, "scout", extra, outcome, claim_done=True)
+            item = nxt.item
+        if scouted:
+            extra["scouted"] = scouted
+        stop = self._finish(cycle, item, claimer, decision, report, result, extra, outcome)
+        if sel.use_rescope and self.paths.rescope.exists():
+            remove_marker(self.paths.rescope)
+            self.log.info("rescope.consumed", cycle=cycle)
+        return stop
+
+    def _attempt(
+        self, cycle: int, item: WorkItem, restorative: bool
+    ) -> tuple[sessions.ModeDecision, AgentReport, str, dict[str, Any]]:
+        """Run the agent once on ``item`` and verify what it did."""
+        st = self.state
         repo = self.paths.repo
         start_sha = gitops.head(repo)
         dirty_before = gitops.dirty_paths(repo)
         self._write_cycle_state(cycle, item, "agent", start_sha)
         self.log.info("cycle.start", cycle=cycle, ref=item.ref, title=item.title, source=item.source)
-
         decision, inv = self._plan_agent(cycle, item, restorative)
         self.log.info(
             "agent.mode",
@@ -496,16 +545,69 @@ class Fire:
             self.log.info("agent.heartbeat", cycle=cycle, elapsed_s=round(elapsed, 1))
 
         report = self._runner().run(inv, on_start=on_start, stop=self.stop, on_heartbeat=on_heartbeat)
+        assert st.fire is not None
         st.fire["agent_pgid"] = None
-        outcome.cost_usd += report.cost_usd
-
         if report.error_class == "interrupted":
-            with contextlib.suppress(gitops.GitError):
-                gitops.restore_cycle(repo, start_sha, dirty_before)
-            return self._finish(cycle, item, claimer, decision, report, "interrupted", {}, outcome)
+            self.gate.undo(start_sha, dirty_before)
+            return decision, report, "interrupted", {}
+        self._write_cycle_state(cycle, item, "gate", start_sha)
+        result, extra = self.gate.verify(cycle, item, report, start_sha, dirty_before)
+        return decision, report, result, extra
 
-        result, extra = self._gate(cycle, item, report, start_sha, dirty_before)
-        return self._finish(cycle, item, claimer, decision, report, result, extra, outcome)
+    def _reading(self, report: AgentReport) -> budget.ContextReading:
+        return budget.read_context(
+            report, heavy_pct=self.cfg.context.heavy_pct, window_override=self.cfg.context.context_window
+        )
+
+    def _apply_scout(self, cycle: int, item: WorkItem, report: AgentReport, claimer: str) -> None:
+        """Split (children queued with ``discovered_from``), defer, or park the scouted item."""
+        now = utc_iso(self.clock())
+        disp = report.disposition.strip()
+        kind = disp.split(":", 1)[0].strip().lower()
+        reason = disp.split(":", 1)[1].strip() if ":" in disp else disp
+        src = self._source(item.source)
+        queue = self.selector.harvested
+        try:
+            if src is not None:
+                src.release(item, claimer, now, "scout")
+            if kind == "split" and report.new_work:
+                children = [{**c, "discovered_from": item.ref} for c in report.new_work]
+                self._queue_new_work(cycle, children, epic=f"scout-split:{item.ref}")
+                if item.source == "harvested":
+                    queue.annotate(
+                        item,
+                        now,
+                        status="split",
+                        disposition="split",
+                        split_into=[str(c.get("title", "")) for c in children],
+                    )
+            elif kind == "defer":
+                if item.source == "harvested":
+                    queue.annotate(item, now, disposition=f"defer:{reason or 'scout'}")
+                elif item.source == "beads":
+                    self.selector.beads.defer(item, now, reason)
+            elif kind == "park":
+                if item.source == "harvested":
+                    queue.park(item, now, reason or "scope too big; needs operator triage")
+                elif item.source == "beads":
+                    self.selector.beads.park(item, now, reason or "scope too big; needs operator triage")
+        except (SourceError, OSError) as exc:
+            self.log.error("scout.error", error=str(exc)[:300])
+        self.log.info("cycle.scout", cycle=cycle, ref=item.ref, disposition=disp)
+
+    def _queue_new_work(self, cycle: int, items: list[dict[str, Any]], *, epic: str) -> int:
+        """Follow-up work the agent reported, appended to the harvested queue (deduplicated)."""
+        clean = []
+        for it in items:
+            if isinstance(it.get("title"), str) and it["title"].strip():
+                clean.append({"description": "", "type": "task", "severity": "medium", "source": "evolve-cycle", **it})
+        fresh = generators.dedup(clean, self.selector.harvested.existing_keys())
+        if fresh:
+            entry = generators.generator_entry(fresh, utc_iso(self.clock()))
+            entry["source_epic"] = epic
+            self.selector.harvested.append_entry(entry)
+            self.log.info("queue.appended", cycle=cycle, count=len(fresh), epic=epic)
+        return len(fresh)
 
     def _plan_agent(
         self, cycle: int, item: WorkItem, restorative: bool, new_id: str | None = None
@@ -538,67 +640,6 @@ class Fire:
     def _runner(self) -> CommandRunner:
         return CommandRunner(self.cfg.agent, self.env)
 
-    def _gate(
-        self, cycle: int, item: WorkItem, report: AgentReport, start_sha: str | None, dirty_before: set[str]
-    ) -> tuple[str, dict[str, Any]]:
-        """Verify the agent's word: the cycle's own changes, the gate commands, the commit."""
-        repo = self.paths.repo
-        extra: dict[str, Any] = {"cycle_start_sha": start_sha}
-        if report.result == "failed":
-            with contextlib.suppress(gitops.GitError):
-                gitops.restore_cycle(repo, start_sha, dirty_before)
-            return "failed", extra
-        touched = (gitops.dirty_paths(repo) - dirty_before) | gitops.changed_since(repo, start_sha)
-        real = gitops.substantive(touched)
-        gate_red = self._run_gate_commands()
-        if gate_red:
-            self.log.warning("gate.fail", cycle=cycle, detail=gate_red)
-            gitops.restore_cycle(repo, start_sha, dirty_before)
-            extra.update(gate="FAIL", gate_detail=gate_red)
-            return "regressed", extra
-        result = report.result
-        if result == "improved" and not real:
-            result = "unchanged"
-            extra["downgraded_from"] = "improved"
-        to_commit = [p for p in (gitops.dirty_paths(repo) - dirty_before) if not gitops.is_internal(p)]
-        if self.cfg.git.commit and to_commit:
-            target = clean_text(item.title, 72)
-            try:
-                sha = gitops.commit_paths(repo, to_commit, gitops.commit_message(cycle, target, result))
-            except gitops.GitError as exc:
-                self.log.error("git.commit_failed", error=str(exc))
-                sha = None
-            if sha:
-                self.log.info("git.commit", sha=sha, paths=len(to_commit))
-        head = gitops.head(repo)
-        if head and head != start_sha:
-            extra["sha"] = head
-        if self.cfg.gate.commands:
-            extra["gate"] = "PASS"
-        return result, extra
-
-    def _run_gate_commands(self) -> str | None:
-        for argv in self.cfg.gate.commands:
-            try:
-                proc = subprocess.run(
-                    argv,
-                    cwd=self.paths.repo,
-                    capture_output=True,
-                    text=True,
-                    timeout=self.cfg.gate.timeout_s or None,
-                    start_new_session=True,
-                )
-            except subprocess.TimeoutExpired:
-                return f"{argv[0]}: timed out"
-            except OSError as exc:
-                return f"{argv[0]}: {exc}"
-            out = proc.stdout + proc.stderr
-            if proc.returncode != 0:
-                return f"{argv[0]}: exit {proc.returncode}"
-            if re.search(r"Pass [0-9]+: (FAILED|BLOCKED)", out):
-                return f"{argv[0]}: structural FAILED/BLOCKED marker"
-        return None
-
     def _finish(
         self,
         cycle: int,
@@ -609,15 +650,14 @@ class Fire:
         result: str,
         extra: dict[str, Any],
         outcome: FireOutcome,
+        *,
+        claim_done: bool = False,
     ) -> str | None:
         st = self.state
         src = self._source(item.source)
-        assert src is not None
         now = self.clock()
-        reading = budget.read_context(
-            report, heavy_pct=self.cfg.context.heavy_pct, window_override=self.cfg.context.context_window
-        )
-        mode = work_mode(item.source, item.type)
+        reading = self._reading(report)
+        mode = ladder.work_mode(item)
         entry = base_entry(
             cycle=cycle,
             result=result,
@@ -646,14 +686,20 @@ class Fire:
         # The claim: consumed only after the gate said yes; otherwise back to the queue.
         stamp = utc_iso(now)
         try:
-            if result in ("improved", "harvested", "unchanged") and not reading.heavy:
+            if claim_done or src is None:
+                pass
+            elif result in ("improved", "harvested", "unchanged") and not reading.heavy:
                 src.finalize(item, claimer, stamp)
                 st.parked_work = [r for r in st.parked_work if r != item.ref]
             else:
                 src.release(item, claimer, stamp, result)
+            if report.new_work and result in ("improved", "harvested", "unchanged"):
+                self._queue_new_work(cycle, list(report.new_work), epic=f"evolve-cycle-{cycle}")
         except (SourceError, OSError) as exc:
             self.log.error("claim.error", error=str(exc))
         st.claimed_work = None
+        if item.source == "directive" and result == "improved" and item.data.get("era"):
+            st.landed_directives = [*st.landed_directives, f"{item.data['era']}|{item.ref}"][-200:]
 
         st.agent_session = sessions.after_run(
             st.agent_session,
@@ -665,7 +711,8 @@ class Fire:
             summary=report.summary,
         )
         st.last_logged_cycle = cycle
-        st.mode_repeat_streak = st.mode_repeat_streak + 1 if st.last_mode == mode else 1
+        if result in ladder.PRODUCTIVE:
+            st.mode_repeat_streak = st.mode_repeat_streak + 1 if st.last_mode == mode else 1
         st.last_result, st.last_mode, st.last_selected_source = result, mode, item.source
         prev_streak = st.context_streak
         st.context_streak = budget.next_streak(prev_streak, heavy=reading.heavy, result=result)
@@ -758,16 +805,25 @@ class Fire:
             }
         }
         if not d.halt:
-            item, errored = self._select(d.restorative)
+            sel = self.selector.select(self.state, restorative=d.restorative)
             cycle = self.ledger.last_cycle() + 1
             plan["cycle"] = cycle
-            plan["probe_error"] = errored
-            if item is None:
+            plan["probe_errors"] = list(sel.probe_errors)
+            plan["candidates"] = [
+                {"rung": c.rung, "ref": c.ref, "title": c.title, "verdict": c.verdict} for c in sel.considered
+            ]
+            plan["why"] = sel.reason
+            if sel.blocked_mode:
+                plan["metronome_blocked"] = sel.blocked_mode
+            if self.selector.generated_preview:
+                plan["would_queue"] = self.selector.generated_preview
+            if sel.item is None:
                 plan["selection"] = None
             else:
+                item = sel.item
                 decision, inv = self._plan_agent(cycle, item, d.restorative, new_id="<new-session-uuid>")
                 argv, env_changes = self._runner().plan(inv)
-                plan["selection"] = item.as_json()
+                plan["selection"] = {**item.as_json(), "rung": sel.rung}
                 plan["agent"] = {
                     "mode": decision.mode,
                     "reason": decision.reason,

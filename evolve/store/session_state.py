@@ -39,6 +39,7 @@ class SessionState:
     last_logged_cycle: int = 0
     fire: dict[str, Any] | None = None
     ack_regression_cycle: int = 0
+    landed_directives: list[str] = field(default_factory=list)  # "<goals era>|<directive ref>"
     updated_at: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -66,6 +67,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "last_logged_cycle": (int,),
     "fire": (dict, type(None)),
     "ack_regression_cycle": (int,),
+    "landed_directives": (list,),
     "updated_at": (str, type(None)),
 }
 

@@ -139,6 +139,10 @@ class HarvestedQueue:
         ranked.sort(key=lambda p: p[0])
         return [w for _, w in ranked]
 
+    def preview_item(self, item: dict[str, Any]) -> WorkItem:
+        """The WorkItem a not-yet-queued item would become (for --dry-run)."""
+        return self._to_item({"source_epic": "evolve-generator"}, item)
+
     def _to_item(self, entry: dict[str, Any], item: dict[str, Any]) -> WorkItem:
         return WorkItem(
             source=self.name,
@@ -150,6 +154,16 @@ class HarvestedQueue:
             created_at=item.get("timestamp") or entry.get("timestamp"),
             data=item,
         )
+
+    def existing_keys(self) -> set[str]:
+        """Dedup keys and normalised titles of every item, open or consumed (for generators)."""
+        from evolve.work.generators import item_keys
+
+        keys: set[str] = set()
+        for line in self._read():
+            for item in line.items():
+                keys |= item_keys(item)
+        return keys
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -200,6 +214,19 @@ class HarvestedQueue:
             if line is None or it is None:
                 return False
             it.update(consumed=False, claim_status="available", claimed_by=None, claimed_at=None, failed_at=now)
+            line.changed = True
+            return True
+
+        self._rewrite(mutate)
+
+    def annotate(self, item: WorkItem, now: str, **fields: Any) -> None:
+        """Set scout outcome fields (``disposition``, ``status``, ``split_into``) on an open item."""
+
+        def mutate(lines: list[Line]) -> bool:
+            line, it = self._find(lines, item.ref, lambda e, i: i.get("consumed") is not True)
+            if line is None or it is None:
+                return False
+            it.update(fields, scouted_at=now)
             line.changed = True
             return True
 

@@ -1,0 +1,139 @@
+"""The shell around the pure ladder: read every source from disk now, fill probes on demand.
+
+Nothing read before a cycle is reused after it (SPEC §6): each call re-reads the queue, asks the
+tracker again and re-checks the goal snapshot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from evolve.config import Config
+from evolve.paths import Paths
+from evolve.store.ledger import Ledger
+from evolve.store.markers import read_marker
+from evolve.timeutil import utc_iso
+from evolve.work import generators, ladder
+from evolve.work.beads import BeadsSource
+from evolve.work.goal_source import GoalsSource
+from evolve.work.harvested import HarvestedQueue
+from evolve.work.item import SourceError, WorkItem, WorkSource
+
+
+class Selector:
+    def __init__(
+        self,
+        paths: Paths,
+        cfg: Config,
+        env: Mapping[str, str],
+        log: Any,
+        *,
+        write: bool = True,
+        sources: list[WorkSource] | None = None,
+    ) -> None:
+        self.paths = paths
+        self.cfg = cfg
+        self.env = dict(env)
+        self.log = log
+        self.write = write
+        self.harvested = HarvestedQueue(paths.nextwork, repo_names=(paths.repo.name,), quality=cfg.work.quality)
+        self.beads = BeadsSource(cfg.work.beads_command, paths.repo, timeout_s=cfg.work.probe_timeout_s, env=env)
+        self.goals = GoalsSource(
+            paths.repo,
+            paths.evolve_dir,
+            goal_timeout_s=cfg.work.goal_timeout_s,
+            total_timeout_s=cfg.work.goals_timeout_s,
+            env=env,
+            write=write,
+        )
+        self.sources: list[WorkSource] = sources or [self.harvested, self.beads, self.goals]
+        self.generated_preview: list[dict[str, Any]] = []
+
+    def source_for(self, name: str | None) -> WorkSource | None:
+        for src in self.sources:
+            if src.name == name or name in getattr(src, "names", ()):
+                return src
+        return None
+
+    # -- probes ----------------------------------------------------------------------------
+
+    def _probe(self, fn: Callable[[], list[WorkItem]], name: str) -> ladder.Probe:
+        try:
+            return ladder.Probe(tuple(fn()))
+        except SourceError as exc:
+            self.log.warning("source.probe_error", source=name, error=str(exc)[:300])
+            return ladder.Probe(error=str(exc)[:300])
+
+    def _run_generators(self) -> ladder.Probe:
+        items, errors = generators.run_all(
+            self.cfg.work.generators, repo=self.paths.repo, env=self.env, timeout_s=self.cfg.work.probe_timeout_s
+        )
+        for err in errors:
+            self.log.warning("generator.error", error=err[:300])
+        fresh = generators.dedup(items, self.harvested.existing_keys())
+        self.generated_preview = fresh
+        if not fresh:
+            return ladder.Probe(error="; ".join(errors)[:300] if errors and not items else None)
+        if not self.write:
+            # --dry-run: show what would be queued, queue nothing.
+            preview = [self.harvested.preview_item(it) for it in fresh]
+            return ladder.Probe(tuple(preview))
+        self.harvested.append_entry(generators.generator_entry(fresh, utc_iso()))
+        self.log.info("generator.items", count=len(fresh))
+        keys = set().union(*(generators.item_keys(it) for it in fresh))
+        return ladder.Probe(tuple(w for w in self.harvested.candidates() if generators.item_keys(w.data) & keys))
+
+    # -- selection -------------------------------------------------------------------------
+
+    def ladder_input(self, state: Any, *, restorative: bool, excluded: frozenset[str]) -> ladder.LadderInput:
+        tail = Ledger(self.paths.ledger).tail(500).entries
+        era = ladder.era_entries(tail)
+        rescope = read_marker(self.paths.rescope, 0)
+        goals_era = self.goals.era()
+        landed = frozenset(
+            r.split("|", 1)[1]
+            for r in getattr(state, "landed_directives", [])
+            if isinstance(r, str) and r.startswith(f"{goals_era}|")
+        )
+        return ladder.LadderInput(
+            beads_enabled=bool(self.cfg.work.beads_command),
+            goals_enabled=not self.cfg.work.beads_only,
+            generators_configured=bool(self.cfg.work.generators),
+            quality=self.cfg.work.quality,
+            restorative=restorative,
+            trailing_modes=ladder.productive_modes(tail),
+            goal_flips=ladder.flips_by_ref(era),
+            quarantined_logged=frozenset(str(e.get("work_ref")) for e in era if e.get("result") == "quarantined"),
+            landed=landed,
+            excluded=excluded,
+            rescope=rescope.content.strip() or None if rescope.present else None,
+        )
+
+    def _resolve(self, inp: ladder.LadderInput, *, measure: bool = True) -> ladder.Selection:
+        """Answer the ladder's ``need`` requests until it decides."""
+        goals = self.goals.candidates if measure else (lambda: self.goals.items(allow_measure=False))
+        while True:
+            sel = ladder.select(inp)
+            if sel.need == "harvested":
+                inp = replace(inp, harvested=self._probe(self.harvested.candidates, "harvested"))
+            elif sel.need == "beads":
+                inp = replace(inp, beads=self._probe(self.beads.candidates, "beads"))
+            elif sel.need == "goals":
+                inp = replace(inp, goals=self._probe(goals, "goals"))
+            elif sel.need == "generated":
+                inp = replace(inp, generated=self._run_generators())
+            else:
+                return sel
+
+    def select(self, state: Any, *, restorative: bool, excluded: frozenset[str] = frozenset()) -> ladder.Selection:
+        return self._resolve(self.ladder_input(state, restorative=restorative, excluded=excluded))
+
+    def probe_any_work(self, state: Any) -> str:
+        """For the DORMANT gate: ``work``, ``empty`` or ``error`` (no generators, no new measurement)."""
+        inp = replace(self.ladder_input(state, restorative=False, excluded=frozenset()), generators_configured=False)
+        sel = self._resolve(inp, measure=False)
+        if sel.item is not None or sel.blocked_mode is not None:
+            return "work"
+        return "error" if sel.probe_errors else "empty"

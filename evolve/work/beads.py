@@ -1,0 +1,161 @@
+"""Ready beads from the issue tracker (``bd ready --json``, or ``br`` when ``bd`` is absent).
+
+A tracker that is not installed is an empty source; one that fails, hangs or prints garbage is a
+probe error, never "no work" (a failed probe must not walk the loop into DORMANT).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from evolve.agent.process import run_group
+from evolve.work.item import SourceError, WorkItem, clean_text
+
+DROPPED_LABELS = frozenset({"operator-shape", "meta-runtime", "human-coordinate"})
+RED_LABELS = frozenset({"gate-fix", "ci-red", "regression"})
+_PRIORITY_SEVERITY = {0: "high", 1: "high", 2: "medium", 3: "low", 4: "low"}
+
+
+def resolve_command(argv: Sequence[str], which=shutil.which) -> list[str] | None:
+    """The tracker command to run, ``br`` standing in for an absent ``bd``; None when neither exists."""
+    argv = list(argv)
+    if not argv:
+        return None
+    if which(argv[0]):
+        return argv
+    if argv[0] == "bd" and which("br"):
+        return ["br", *argv[1:]]
+    return None
+
+
+def parse_ready(raw: bytes) -> list[dict[str, Any]]:
+    """A bare array, or ``{"issues"|"items"|"data": [...]}``; anything else is a SourceError."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise SourceError(f"tracker printed invalid JSON: {exc}") from exc
+    if isinstance(obj, dict):
+        for key in ("issues", "items", "data"):
+            if isinstance(obj.get(key), list):
+                obj = obj[key]
+                break
+        else:
+            raise SourceError("tracker JSON has no issues/items/data list")
+    if not isinstance(obj, list):
+        raise SourceError("tracker JSON is not a list")
+    return [b for b in obj if isinstance(b, dict) and isinstance(b.get("id"), str | int) and str(b["id"]).strip()]
+
+
+def _labels(bead: Mapping[str, Any]) -> set[str]:
+    labels = bead.get("labels")
+    return {str(x).lower() for x in labels} if isinstance(labels, list) else set()
+
+
+def _priority(bead: Mapping[str, Any]) -> int:
+    p = bead.get("priority")
+    return p if isinstance(p, int) and not isinstance(p, bool) else 99
+
+
+def rank(beads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Drop operator-only shapes; order by priority (0 = critical), ``created_at``, ``id``."""
+    kept = [b for b in beads if not (_labels(b) & DROPPED_LABELS)]
+    return sorted(kept, key=lambda b: (_priority(b), str(b.get("created_at") or ""), str(b["id"])))
+
+
+def to_item(bead: Mapping[str, Any]) -> WorkItem:
+    bead_id = str(bead["id"])
+    kind = str(bead.get("issue_type") or bead.get("type") or "task")
+    if _labels(bead) & RED_LABELS and kind != "bug":
+        kind = "gate-fix"
+    return WorkItem(
+        source="beads",
+        ref=f"bead:{bead_id}",
+        title=clean_text(f"{bead_id}: {bead.get('title', '')}"),
+        description=str(bead.get("description") or "")[:4000],
+        type=kind,
+        severity=_PRIORITY_SEVERITY.get(_priority(bead), "low"),
+        created_at=bead.get("created_at") if isinstance(bead.get("created_at"), str) else None,
+        data=dict(bead),
+    )
+
+
+class BeadsSource:
+    """Implements :class:`evolve.work.item.WorkSource` over the tracker CLI."""
+
+    name = "beads"
+
+    def __init__(self, argv: Sequence[str], repo: Path, *, timeout_s: float, env: Mapping[str, str]) -> None:
+        self.argv = list(argv)
+        self.repo = repo
+        self.timeout_s = timeout_s
+        self.env = dict(env)
+
+    def _run(self, argv: list[str]) -> bytes:
+        return run_capture(argv, cwd=self.repo, env=self.env, timeout_s=self.timeout_s)
+
+    def candidates(self) -> list[WorkItem]:
+        argv = resolve_command(self.argv, which=lambda c: shutil.which(c, path=self.env.get("PATH")))
+        if argv is None:
+            return []
+        return [to_item(b) for b in rank(parse_ready(self._run(argv)))]
+
+    def _tool(self) -> list[str] | None:
+        argv = resolve_command(self.argv, which=lambda c: shutil.which(c, path=self.env.get("PATH")))
+        return argv[:1] if argv else None
+
+    def _update(self, *args: str) -> None:
+        tool = self._tool()
+        if tool is None:
+            return
+        self._run([*tool, *args])
+
+    def claim(self, item: WorkItem, claimer: str, now: str) -> None:
+        """The claim lives in session-state; the tracker keeps listing the bead until it is closed."""
+
+    def finalize(self, item: WorkItem, claimer: str, now: str) -> None:
+        self._update("close", bead_id(item))
+
+    def release(self, item: WorkItem, claimer: str | None, now: str, reason: str) -> None:
+        """Nothing to undo in the tracker."""
+
+    def park(self, item: WorkItem, now: str, note: str) -> None:
+        self._update("update", bead_id(item), "--status", "blocked", "--notes", note)
+
+    def defer(self, item: WorkItem, now: str, reason: str) -> None:
+        self._update("update", bead_id(item), "--status", "deferred", "--notes", f"defer: {reason}")
+
+
+def run_capture(argv: list[str], *, cwd: Path, env: Mapping[str, str], timeout_s: float) -> bytes:
+    """Stdout of a probe command run in its own process group; any failure is a SourceError."""
+    with tempfile.TemporaryDirectory(prefix="evolve-probe-") as tmp:
+        out, err = Path(tmp) / "out", Path(tmp) / "err"
+        try:
+            res = run_group(
+                argv,
+                cwd=cwd,
+                env=env,
+                timeout_s=timeout_s,
+                idle_timeout_s=0,
+                log_path=out,
+                stderr_path=err,
+                grace_s=1.0,
+                tail_bytes=0,
+            )
+        except OSError as exc:
+            raise SourceError(f"cannot run {argv[0]}: {exc}") from exc
+        if res.timed_out:
+            raise SourceError(f"{argv[0]} timed out after {timeout_s:g}s")
+        if res.returncode != 0:
+            detail = err.read_bytes()[-300:].decode(errors="replace").strip() if err.exists() else ""
+            raise SourceError(f"{' '.join(argv[:2])} exited {res.returncode}: {detail}".strip())
+        return out.read_bytes() if out.exists() else b""
+
+
+def bead_id(item: WorkItem) -> str:
+    return item.ref.removeprefix("bead:")

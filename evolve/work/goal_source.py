@@ -1,0 +1,108 @@
+"""Goals and directives as a work source: directive gaps first, then failing goals by weight.
+
+Measuring runs every check, so a fresh snapshot is reused while HEAD and the GOALS era are
+unchanged; a measurement that fails (total timeout) never replaces the last good snapshot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from evolve import gitops
+from evolve.work.goals import (
+    GoalsFile,
+    MeasureError,
+    capture_baseline,
+    directive_item,
+    failing_goals,
+    goal_item,
+    load_goals,
+    measure,
+    read_snapshot,
+    snapshot_path,
+    write_snapshot,
+)
+from evolve.work.item import SourceError, WorkItem
+
+
+class GoalsSource:
+    """Implements :class:`evolve.work.item.WorkSource` for ``goal`` and ``directive`` items."""
+
+    name = "goal"
+    names = ("goal", "directive")
+
+    def __init__(
+        self,
+        repo: Path,
+        evolve_dir: Path,
+        *,
+        goal_timeout_s: float,
+        total_timeout_s: float,
+        env: Mapping[str, str],
+        write: bool = True,
+    ) -> None:
+        self.repo = repo
+        self.evolve_dir = evolve_dir
+        self.goal_timeout_s = goal_timeout_s
+        self.total_timeout_s = total_timeout_s
+        self.env = dict(env)
+        self.write = write
+        self.measured: dict[str, Any] | None = None
+
+    def load(self) -> GoalsFile | None:
+        return load_goals(self.repo)
+
+    def snapshot(self, gf: GoalsFile, *, allow_measure: bool = True) -> dict[str, Any] | None:
+        cached = read_snapshot(snapshot_path(self.evolve_dir))
+        if cached and cached.get("goals_era") == gf.era and cached.get("git_sha") == gitops.head(self.repo):
+            return cached
+        if not allow_measure:
+            return cached if cached and cached.get("goals_era") == gf.era else None
+        try:
+            snap = measure(
+                self.repo, gf, goal_timeout_s=self.goal_timeout_s, total_timeout_s=self.total_timeout_s, env=self.env
+            )
+        except MeasureError as exc:
+            raise SourceError(f"goal measurement failed: {exc}") from exc
+        if self.write:
+            write_snapshot(snapshot_path(self.evolve_dir), snap)
+            capture_baseline(self.evolve_dir, gf, snap)
+        self.measured = snap
+        return snap
+
+    def items(self, *, allow_measure: bool = True) -> list[WorkItem]:
+        gf = self.load()
+        if gf is None:
+            return []
+        out = [
+            directive_item(d, gf.era)
+            for d in sorted(gf.directives, key=lambda d: d.number)
+            if d.steer.lower() != "hold"
+        ]
+        if gf.goals:
+            snap = self.snapshot(gf, allow_measure=allow_measure)
+            if snap is not None:
+                by_id = {g.get("goal_id"): g for g in snap.get("goals", []) if isinstance(g, dict)}
+                out.extend(goal_item(g, by_id.get(g.id)) for g in failing_goals(snap, gf))
+        return out
+
+    def candidates(self) -> list[WorkItem]:
+        return self.items()
+
+    def era(self) -> str | None:
+        try:
+            gf = self.load()
+        except SourceError:
+            return None
+        return gf.era if gf else None
+
+    def claim(self, item: WorkItem, claimer: str, now: str) -> None:
+        """Goals are not claimed anywhere: the claim lives in session-state."""
+
+    def finalize(self, item: WorkItem, claimer: str, now: str) -> None:
+        """A goal is done when its check passes; the next measurement says so."""
+
+    def release(self, item: WorkItem, claimer: str | None, now: str, reason: str) -> None:
+        """Nothing to undo."""
