@@ -25,6 +25,8 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--dry-run", action="store_true", help="evaluate step 1 and selection; write nothing")
     f.add_argument("--wait", type=float, default=0.0, metavar="S", help="wait up to S seconds for the lock")
     f.add_argument("--mode", choices=["burst", "loop"], default=None)
+    f.add_argument("--quality", action="store_true", help="high, then medium severity findings first")
+    f.add_argument("--beads-only", action="store_true", help="skip goals when selecting work")
 
     s = sub.add_parser("status", help="what the loop is doing and why")
     s.add_argument("--json", action="store_true")
@@ -61,6 +63,10 @@ def _flags(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     flags: dict[str, dict[str, Any]] = {}
     if getattr(args, "mode", None):
         flags.setdefault("fire", {})["mode"] = args.mode
+    if getattr(args, "quality", False):
+        flags.setdefault("work", {})["quality"] = True
+    if getattr(args, "beads_only", False):
+        flags.setdefault("work", {})["beads_only"] = True
     return flags
 
 

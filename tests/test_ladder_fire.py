@@ -305,3 +305,20 @@ for n in range(2000):
     assert len(done) == len([x for x in env.ledger() if x["result"] == "improved"]) == fires
     assert all(i.get("claim_status") in ("consumed", None, "available") for i in items)
     assert all(i["consumed_by"] == i["claimed_by"] for i in done)
+
+
+def test_quality_flag_takes_findings_first_and_claims_as_quality(env: Env, cli) -> None:
+    env.queue(entry("low chore", type="chore", severity="low"), entry("high finding", epic="e2", severity="high"))
+    r = cli("fire", "--cycles", "1", "--quality")
+    assert r.code == 0, r.stderr
+    assert env.ledger()[-1]["target"] == "high finding"
+    lines = [orjson.loads(x) for x in env.paths.nextwork.read_bytes().splitlines()]
+    assert lines[1]["items"][0]["consumed_by"] == "evolve-quality:cycle-1"
+
+
+def test_beads_only_flag(env: Env, cli) -> None:
+    (env.repo / "GOALS.yaml").write_text("version: 3\ngoals:\n  - id: g\n    description: d\n    check: 'false'\n"
+                                         "    weight: 5\n")
+    r = cli("fire", "--cycles", "1", "--beads-only")
+    assert r.code == 0
+    assert env.ledger()[-1]["target"] == "idle"

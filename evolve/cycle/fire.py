@@ -370,7 +370,7 @@ class Fire:
                 self._idle_cycle(cycle, sel.probe_errors, outcome)
                 outcome.reason = "probe_error" if sel.probe_errors else "idle"
                 return
-            claimer = f"evolve:cycle-{cycle}"
+            claimer = f"{'evolve-quality' if self.cfg.work.quality else 'evolve'}:cycle-{cycle}"
             if not self._claim(cycle, sel.item, claimer):
                 lost += 1
                 if lost >= 10:
