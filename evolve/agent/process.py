@@ -14,7 +14,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,34 +31,63 @@ class ProcessResult:
 
 
 def group_alive(pgid: int) -> bool:
+    """Whether the group has a member that is not a zombie.
+
+    An orphaned zombie waits on init, which may reap it late; it must not make a finished group look alive.
+    Without /proc, any member counts, zombies included.
+    """
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    return any(state not in "ZX" for state in _group_states(pgid))
+
+
+def _group_states(pgid: int) -> Iterator[str]:
+    """States of the processes in ``pgid`` from /proc; without /proc, report one live member."""
+    proc_dir = Path("/proc")
+    if not proc_dir.is_dir():
+        yield "R"
+        return
+    for entry in proc_dir.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 2 and fields[2] == str(pgid):
+            yield fields[0]
+
+
+def wait_group_gone(pgid: int, limit_s: float, reap: Callable[[], object] | None = None) -> bool:
+    """Wait up to ``limit_s`` for the group to have no live member; False when it still has one.
+
+    ``reap`` (e.g. ``Popen.poll``) is called while waiting, so our own child is collected as soon as it exits.
+    """
+    deadline = time.monotonic() + limit_s
+    while True:
+        if reap:
+            reap()
+        if not group_alive(pgid):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
 
 
 def kill_group(pgid: int, grace_s: float = GRACE_S, reap: Callable[[], object] | None = None) -> None:
-    """TERM the group, wait up to ``grace_s``, then KILL whatever is left.
-
-    ``reap`` (e.g. ``Popen.poll``) is called while waiting: an unreaped leader is a zombie that
-    still counts as a member of its group.
-    """
+    """TERM the group, wait up to ``grace_s`` (see :func:`wait_group_gone`), then KILL whatever is left."""
     try:
         os.killpg(pgid, signal.SIGTERM)
     except ProcessLookupError:
         return
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if reap:
-            reap()
-        if not group_alive(pgid):
-            return
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
+    if not wait_group_gone(pgid, grace_s, reap):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
 
 
 def run_group(
