@@ -72,6 +72,16 @@ def changed_since(repo: Path, start: str | None) -> set[str]:
     return {p for p in out.split("\0") if p}
 
 
+def foreign_commits(repo: Path, since: object) -> int:
+    """Commits on HEAD after ``since`` that the loop did not make (intervening events, SPEC §5)."""
+    if not isinstance(since, str) or not since:
+        return 0
+    proc = subprocess.run(["git", "log", "--format=%s", f"{since}..HEAD"], cwd=repo, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return 0
+    return sum(1 for subject in proc.stdout.splitlines() if not subject.startswith("evolve: "))
+
+
 def substantive(paths: Iterable[str]) -> list[str]:
     """Paths that count as a real change: outside ``.agents/`` and the GOALS files."""
     return sorted(p for p in paths if not is_internal(p) and p not in NON_SUBSTANTIVE_FILES)

@@ -8,6 +8,7 @@ from pathlib import Path
 import orjson
 
 from evolve.agent.command import CommandRunner, Invocation, substitute
+from evolve.agent.prompt import Orientation
 from evolve.config import AgentConfig
 from evolve.work.item import WorkItem
 
@@ -16,7 +17,8 @@ WORK = WorkItem(source="harvested", ref="r1", title="t; $(echo hi)", type="bug")
 
 def _inv(tmp_path: Path, **kw) -> Invocation:
     args = {"repo": tmp_path, "run_dir": tmp_path / "runs", "cycle": 7, "mode": "first", "session_id": "sid-1",
-            "resume": False, "work": WORK, "prompt": "PROMPT TEXT"}
+            "resume": False, "work": WORK,
+            "orientation": Orientation(static="STATIC", dynamic="DYNAMIC", task="PROMPT TEXT")}
     args.update(kw)
     return Invocation(**args)
 
@@ -56,7 +58,7 @@ def test_env_prompt_and_report_round_trip(tmp_path: Path) -> None:
     seen = orjson.loads(report.summary)
     assert seen["argv"][:2] == ["first", "sid-1"]
     assert orjson.loads(seen["argv"][2])["title"] == "t; $(echo hi)"
-    assert seen["prompt"] == "PROMPT TEXT"
+    assert seen["prompt"] == "STATIC\nDYNAMIC\nPROMPT TEXT\n"
     assert seen["cwd"] == str(tmp_path)
     assert seen["claudecode"] is None
     env = seen["env"]

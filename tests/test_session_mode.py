@@ -161,7 +161,8 @@ def test_mode_table(has_session: bool, ended_heavy: bool, handoff: bool, same_re
 def test_after_run_first_builds_fresh_record() -> None:
     old = session(ended_heavy=True, started_cycle=1, events_since=4, custom="kept?")
     d = choose(old, "bd-7")
-    rec = after_run(old, d, runner="claude", cycle=12, work_ref="bd-7", reported_id=None, summary="s" * 5000)
+    rec = after_run(old, d, runner="claude", cycle=12, work_ref="bd-7", reported_id=None, summary="s" * 5000,
+                    head="abc123")
     assert rec == {
         "id": "new-id",
         "runner": "claude",
@@ -172,6 +173,7 @@ def test_after_run_first_builds_fresh_record() -> None:
         "events_since": 0,
         "ended_heavy": False,
         "summary": "s" * 2000,
+        "last_head": "abc123",
     }
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import orjson
 
 from evolve.agent.process import run_group
+from evolve.agent.prompt import Orientation
 from evolve.agent.report import AgentReport, parse_report
 from evolve.config import AgentConfig
 from evolve.work.item import WorkItem
@@ -41,7 +42,12 @@ class Invocation:
     session_id: str
     resume: bool
     work: WorkItem
-    prompt: str
+    orientation: Orientation
+
+    @property
+    def prompt(self) -> str:
+        """The whole orientation and task as one text (the command runner's prompt file)."""
+        return self.orientation.full()
 
     @property
     def prompt_file(self) -> Path:

@@ -66,6 +66,7 @@ def after_run(
     work_ref: str,
     reported_id: str | None,
     summary: str,
+    head: str | None = None,
 ) -> dict[str, Any]:
     """The ``agent_session`` record after a cycle that ran the agent."""
     sid = reported_id or decision.session_id
@@ -80,9 +81,11 @@ def after_run(
             "events_since": 0,
             "ended_heavy": False,
             "summary": summary[:2000],
+            "last_head": head,
         }
     out = dict(session)
-    out.update(id=sid, last_cycle=cycle, events_since=0, summary=summary[:2000] or session.get("summary", ""))
+    out.update(id=sid, last_cycle=cycle, events_since=0, summary=summary[:2000] or session.get("summary", ""),
+               last_head=head)
     return out
 
 

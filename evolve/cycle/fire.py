@@ -22,10 +22,10 @@ import orjson
 
 from evolve import exitcodes, gitops
 from evolve import log as logmod
+from evolve.agent import prompt
 from evolve.agent import session as sessions
 from evolve.agent.command import CommandRunner, Invocation
 from evolve.agent.process import group_alive, kill_group
-from evolve.agent.prompt import build_prompt
 from evolve.agent.report import AgentReport
 from evolve.config import Config
 from evolve.cycle import budget, halt
@@ -615,14 +615,28 @@ class Fire:
         """Resume or start fresh, and the exact invocation that follows (shared with --dry-run)."""
         session = self.state.agent_session
         events = (session or {}).get("events_since", 0)
+        events = events if isinstance(events, int) else 0
+        foreign = gitops.foreign_commits(self.paths.repo, (session or {}).get("last_head"))
         decision = sessions.choose_mode(
             session,
             item.ref,
-            events_since=events if isinstance(events, int) else 0,
+            events_since=events + foreign,
             fresh_start_turns=self.cfg.context.returning_fresh_start_turns,
             new_id=new_id,
         )
-        prior = (session or {}).get("summary", "") if decision.mode == sessions.FIRST else ""
+        digest = ""
+        if session and (events or foreign):
+            digest = f"{events} cycle(s) ran without this session; {foreign} commit(s) landed from outside the loop"
+        orientation = prompt.build(
+            cycle=cycle,
+            mode=decision.mode,
+            work=item,
+            prior_summary=(session or {}).get("summary", "") if decision.mode == sessions.FIRST else "",
+            restorative=restorative,
+            facts=[*prompt.read_learnings(self.paths.repo), *self.state.percepts],
+            events=digest if decision.mode != sessions.FIRST else "",
+            now=self.clock(),
+        )
         inv = Invocation(
             repo=self.paths.repo,
             run_dir=self.paths.runs_dir,
@@ -631,9 +645,7 @@ class Fire:
             session_id=decision.session_id,
             resume=decision.resume,
             work=item,
-            prompt=build_prompt(
-                cycle=cycle, mode=decision.mode, work=item, prior_summary=prior, restorative=restorative
-            ),
+            orientation=orientation,
         )
         return decision, inv
 
@@ -709,7 +721,10 @@ class Fire:
             work_ref=item.ref,
             reported_id=report.session_id,
             summary=report.summary,
+            head=gitops.head(self.paths.repo),
         )
+        if report.percepts:
+            st.percepts = [*st.percepts, *report.percepts][-20:]
         st.last_logged_cycle = cycle
         if result in ladder.PRODUCTIVE:
             st.mode_repeat_streak = st.mode_repeat_streak + 1 if st.last_mode == mode else 1

@@ -40,6 +40,7 @@ class SessionState:
     fire: dict[str, Any] | None = None
     ack_regression_cycle: int = 0
     landed_directives: list[str] = field(default_factory=list)  # "<goals era>|<directive ref>"
+    percepts: list[str] = field(default_factory=list)  # facts agents reported, newest last
     updated_at: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -68,6 +69,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "fire": (dict, type(None)),
     "ack_regression_cycle": (int,),
     "landed_directives": (list,),
+    "percepts": (list,),
     "updated_at": (str, type(None)),
 }
 
