@@ -24,9 +24,10 @@ from evolve import exitcodes, gitops
 from evolve import log as logmod
 from evolve.agent import prompt
 from evolve.agent import session as sessions
-from evolve.agent.command import CommandRunner, Invocation
+from evolve.agent.command import Invocation
 from evolve.agent.process import group_alive, kill_group
 from evolve.agent.report import AgentReport
+from evolve.agent.runners import Runner, make_runner
 from evolve.config import Config
 from evolve.cycle import budget, halt
 from evolve.cycle import reconcile as recon
@@ -649,8 +650,8 @@ class Fire:
         )
         return decision, inv
 
-    def _runner(self) -> CommandRunner:
-        return CommandRunner(self.cfg.agent, self.env)
+    def _runner(self) -> Runner:
+        return make_runner(self.cfg, self.env, self.paths)
 
     def _finish(
         self,

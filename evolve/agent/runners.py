@@ -1,0 +1,44 @@
+"""Pick the runner the config names; every runner yields the same :class:`AgentReport`."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from evolve.agent.command import Invocation
+from evolve.agent.report import AgentReport
+from evolve.config import Config
+from evolve.paths import Paths
+
+
+class Runner(Protocol):
+    name: str
+
+    def plan(self, inv: Invocation) -> tuple[list[str], dict[str, str]]:
+        """The exact argv and the env changes the run would use (for --dry-run)."""
+        ...
+
+    def run(
+        self,
+        inv: Invocation,
+        *,
+        on_start: Callable[[int], None] | None = None,
+        stop: threading.Event | None = None,
+        on_heartbeat: Callable[[float], None] | None = None,
+    ) -> AgentReport: ...
+
+
+def make_runner(cfg: Config, env: Mapping[str, str], paths: Paths) -> Runner:
+    kind = cfg.agent.runner
+    if kind == "http":
+        from evolve.agent.http import HttpRunner
+
+        return HttpRunner(cfg.agent, env, paths.evolve_dir / "sessions", context_window=cfg.context.context_window)
+    if kind == "claude":
+        from evolve.agent.claude import ClaudeRunner
+
+        return ClaudeRunner(cfg.agent, env, autocompact_pct=cfg.context.autocompact_pct)
+    from evolve.agent.command import CommandRunner
+
+    return CommandRunner(cfg.agent, env)
