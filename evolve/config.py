@@ -32,10 +32,13 @@ class AgentConfig:
     timeout_s: float = 1800
     idle_timeout_s: float = 600
     heartbeat_s: float = 30
+    transient_retries: int = 2
+    retry_backoff_s: float = 30
     max_turns: int = 0
     max_budget_usd: float = 0
     base_url: str = ""
     api_key_env: str = "OPENAI_API_KEY"
+    message_budget_chars: int = 200_000
 
 
 @dataclass(frozen=True)
@@ -130,8 +133,11 @@ RANGES: dict[tuple[str, str], tuple[float, float]] = {
     ("agent", "timeout_s"): (0, 1 << 30),
     ("agent", "idle_timeout_s"): (0, 1 << 30),
     ("agent", "heartbeat_s"): (0.1, 1 << 30),
+    ("agent", "transient_retries"): (0, 100),
+    ("agent", "retry_backoff_s"): (0, 1 << 30),
     ("agent", "max_turns"): (0, 1 << 30),
     ("agent", "max_budget_usd"): (0, 1 << 30),
+    ("agent", "message_budget_chars"): (1000, 1 << 40),
     ("work", "max_attempts"): (1, 1_000_000),
     ("work", "probe_timeout_s"): (0.1, 1 << 30),
     ("work", "goal_timeout_s"): (0.1, 1 << 30),

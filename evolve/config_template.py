@@ -15,10 +15,14 @@ TEMPLATE = """\
 # timeout_s = 1800           # hard limit per agent run; the agent's process group is killed
 # idle_timeout_s = 600       # no output for this long = hung
 # heartbeat_s = 30           # agent.heartbeat log line every this many seconds while the agent runs
+# transient_retries = 2      # retries of a run that failed on a 5xx/overloaded/network error
+# retry_backoff_s = 30       # first backoff; doubles per retry (a rate limit waits for its reset instead)
 # max_turns = 0              # 0 = not passed
 # max_budget_usd = 0         # 0 = not passed
 # base_url = ""              # http runner
-# api_key_env = "OPENAI_API_KEY"
+# api_key_env = "OPENAI_API_KEY"   # http runner: env var holding the bearer token (never written anywhere)
+# message_budget_chars = 200000   # http runner: history characters per call; the pinned system messages
+#                                 # are subtracted once, then the oldest turns are dropped first
 
 [context]
 # streak_limit = 2           # heavy cycles before a hand-off; EVOLVE_CONTEXT_STREAK_LIMIT wins over this

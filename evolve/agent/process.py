@@ -99,6 +99,7 @@ def run_group(
     idle_timeout_s: float,
     log_path: Path | None = None,
     stderr_path: Path | None = None,
+    stdin_path: Path | None = None,
     on_start: Callable[[int], None] | None = None,
     on_output: Callable[[bytes], None] | None = None,
     on_heartbeat: Callable[[float], None] | None = None,
@@ -111,12 +112,13 @@ def run_group(
     start = time.monotonic()
     log = open(log_path, "ab") if log_path else None  # noqa: SIM115 - closed in finally
     err = open(stderr_path, "ab") if stderr_path else None  # noqa: SIM115 - closed below
+    inp = open(stdin_path, "rb") if stdin_path else None  # noqa: SIM115 - closed below
     try:
         proc = subprocess.Popen(
             list(argv),
             cwd=cwd,
             env=dict(env),
-            stdin=subprocess.DEVNULL,
+            stdin=inp if inp else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=err if err else subprocess.STDOUT,
             start_new_session=True,
@@ -127,8 +129,9 @@ def run_group(
             log.close()
         raise
     finally:
-        if err:
-            err.close()  # the child holds its own copy
+        for fh in (err, inp):
+            if fh:
+                fh.close()  # the child holds its own copy
     pgid = proc.pid  # start_new_session: the child leads its own group
     if on_start:
         on_start(pgid)

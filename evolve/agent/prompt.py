@@ -140,8 +140,15 @@ def build(
 ) -> Orientation:
     return Orientation(
         static=static_block(facts),
-        dynamic=dynamic_block(cycle=cycle, mode=mode, work=work, prior_summary=prior_summary,
-                              restorative=restorative, events=events, now=now),
+        dynamic=dynamic_block(
+            cycle=cycle,
+            mode=mode,
+            work=work,
+            prior_summary=prior_summary,
+            restorative=restorative,
+            events=events,
+            now=now,
+        ),
     )
 
 

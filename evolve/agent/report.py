@@ -73,6 +73,7 @@ class AgentReport:
     error_class: str | None = None
     error: str = ""
     exit_code: int | None = None
+    retryable: bool = False  # an infrastructure error worth another try (5xx, overloaded, network)
 
 
 def _str(v: Any, limit: int = 4000) -> str:

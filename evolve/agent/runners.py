@@ -25,7 +25,7 @@ class Runner(Protocol):
         *,
         on_start: Callable[[int], None] | None = None,
         stop: threading.Event | None = None,
-        on_heartbeat: Callable[[float], None] | None = None,
+        on_heartbeat: Callable[..., None] | None = None,
     ) -> AgentReport: ...
 
 
@@ -38,7 +38,9 @@ def make_runner(cfg: Config, env: Mapping[str, str], paths: Paths) -> Runner:
     if kind == "claude":
         from evolve.agent.claude import ClaudeRunner
 
-        return ClaudeRunner(cfg.agent, env, autocompact_pct=cfg.context.autocompact_pct)
+        return ClaudeRunner(
+            cfg.agent, env, autocompact_pct=cfg.context.autocompact_pct, context_window=cfg.context.context_window
+        )
     from evolve.agent.command import CommandRunner
 
     return CommandRunner(cfg.agent, env)

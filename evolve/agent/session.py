@@ -84,8 +84,9 @@ def after_run(
             "last_head": head,
         }
     out = dict(session)
-    out.update(id=sid, last_cycle=cycle, events_since=0, summary=summary[:2000] or session.get("summary", ""),
-               last_head=head)
+    out.update(
+        id=sid, last_cycle=cycle, events_since=0, summary=summary[:2000] or session.get("summary", ""), last_head=head
+    )
     return out
 
 

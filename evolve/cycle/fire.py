@@ -22,7 +22,7 @@ import orjson
 
 from evolve import exitcodes, gitops
 from evolve import log as logmod
-from evolve.agent import prompt
+from evolve.agent import prompt, retry
 from evolve.agent import session as sessions
 from evolve.agent.command import Invocation
 from evolve.agent.process import group_alive, kill_group
@@ -92,6 +92,7 @@ class Fire:
         self.selector = Selector(paths, cfg, self.env, self.log, write=not opts.dry_run, sources=sources)
         self.gate = Gate(paths, cfg, self.log)
         self.state = session_state.SessionState()
+        self.started = clock()
 
     # -- entry point -----------------------------------------------------------------------
 
@@ -541,11 +542,33 @@ class Fire:
             assert st.fire is not None
             st.fire["agent_pgid"] = pgid
             self._save()
+            self.log.info("agent.started", cycle=cycle, pgid=pgid, runner=self.cfg.agent.runner)
 
-        def on_heartbeat(elapsed: float) -> None:
-            self.log.info("agent.heartbeat", cycle=cycle, elapsed_s=round(elapsed, 1))
+        def on_heartbeat(elapsed: float, progress: Mapping[str, Any] | None = None) -> None:
+            self.log.info("agent.heartbeat", cycle=cycle, elapsed_s=round(elapsed, 1), **(progress or {}))
 
-        report = self._runner().run(inv, on_start=on_start, stop=self.stop, on_heartbeat=on_heartbeat)
+        runner = self._runner()
+        attempt = 0
+        while True:
+            report = runner.run(inv, on_start=on_start, stop=self.stop, on_heartbeat=on_heartbeat)
+            again = retry.decide(
+                report,
+                attempt,
+                remaining_s=self._remaining_s(),
+                transient_retries=self.cfg.agent.transient_retries,
+                backoff_s=self.cfg.agent.retry_backoff_s,
+            )
+            if not again.retry:
+                break
+            self.gate.undo(start_sha, dirty_before)
+            event = "agent.limit_wait" if report.error_class == "limit" else "agent.retry"
+            self.log.warning(event, cycle=cycle, wait_s=again.wait_s, reason=again.reason, error=report.error[:200])
+            if self.stop.wait(again.wait_s):
+                break
+            attempt += 1
+            if report.session_id and self.cfg.agent.runner == "claude":
+                # The failed run already created the conversation: carry on in it ("resume" mode).
+                inv = replace(inv, mode="resume", resume=True, session_id=report.session_id)
         assert st.fire is not None
         st.fire["agent_pgid"] = None
         if report.error_class == "interrupted":
@@ -554,6 +577,12 @@ class Fire:
         self._write_cycle_state(cycle, item, "gate", start_sha)
         result, extra = self.gate.verify(cycle, item, report, start_sha, dirty_before)
         return decision, report, result, extra
+
+    def _remaining_s(self) -> float:
+        """Seconds left of the fire's wall-clock budget (``fire.max_minutes``; 0 = unbounded)."""
+        if not self.cfg.fire.max_minutes:
+            return float("inf")
+        return self.cfg.fire.max_minutes * 60 - (self.clock() - self.started)
 
     def _reading(self, report: AgentReport) -> budget.ContextReading:
         return budget.read_context(
