@@ -206,3 +206,20 @@ def test_dry_run_prints_the_exact_claude_call(env: Env, cli, fake: FakeAnthropic
     assert plan["agent"]["env"]["CLAUDECODE"] == "<removed>"
     assert "[Identity]" in plan["agent"]["prompt"]
     assert fake.requests == []
+
+
+def test_invalid_session_is_rebuilt_as_first_once(env: Env, cli, fake: FakeAnthropic) -> None:
+    env.queue(entry("a"))
+    ref = "source_epic=e1:item=a"
+    env.paths.evolve_dir.mkdir(parents=True, exist_ok=True)
+    bogus = "99999999-2222-3333-4444-555555555555"
+    env.paths.state.write_bytes(orjson.dumps({"agent_session": {
+        "id": bogus, "runner": "claude", "started_cycle": 0, "last_cycle": 0, "need_ref": ref, "need_set_at": 0,
+        "events_since": 0, "ended_heavy": False, "summary": "old"}}))
+    fake.add({"text": report_text("unchanged")})
+    r = cli("fire", "--cycles", "1", extra_env=cli_env(env, fake))
+    assert r.code == 0, r.stderr
+    e = env.ledger()[-1]
+    assert e["result"] == "unchanged" and e["session_id"] != bogus
+    assert "rebuilt after invalid session" in e["disposition"]
+    assert len(fake.agent_requests) == 1 and "[Identity]" in system_text(fake.agent_requests[0])

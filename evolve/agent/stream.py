@@ -120,7 +120,8 @@ def classify(result: dict[str, Any], output_tail: str) -> tuple[str | None, bool
 
 
 def invalid_session(output_tail: str, result: dict[str, Any] | None) -> bool:
-    text = f"{output_tail} {(result or {}).get('result') or ''}".lower()
+    res = result or {}
+    text = f"{output_tail} {res.get('result') or ''} {' '.join(map(str, res.get('errors') or []))}".lower()
     return _INVALID_SESSION in text
 
 
