@@ -38,17 +38,22 @@ def test_failing_goals_are_worked_by_weight_and_snapshots_kept(env: Env, cli) ->
     e = env.ledger()[-1]
     assert (e["selected_source"], e["work_ref"], e["result"]) == ("goal", "goal:heavy-goal", "improved")
     assert e["mode"] == "goal:heavy-goal"
+    # Measured after the cycle: the latest snapshot (for the new HEAD) and the post one agree.
     snap = orjson.loads((env.paths.evolve_dir / "fitness-latest.json").read_bytes())
     assert {g["goal_id"]: g["result"] for g in snap["goals"]} == {
-        "fixed-file": "fail", "heavy-goal": "fail", "always-green": "pass"}
-    assert snap["git_sha"] and snap["goals_era"]
+        "fixed-file": "fail", "heavy-goal": "pass", "always-green": "pass"}
+    assert snap == orjson.loads((env.paths.evolve_dir / "fitness-latest-post.json").read_bytes())
+    assert snap["git_sha"] == git(env.repo, "rev-parse", "HEAD").strip() and snap["goals_era"]
+    assert (e["goals_passing"], e["goals_total"], e["gate"]) == (2, 3, "PASS")
     baselines = list((env.paths.evolve_dir / "fitness-baselines").glob("goals-*/*.json"))
     assert len(baselines) == 1
     assert "test -f heavy.txt" in env.calls()[0]["prompt"]
-    # HEAD moved (the cycle committed), so the next selection measures again and sees the rest.
+    # One measurement to select and one after the cycle; the next selection reuses the post one.
+    assert len((env.root / "counter").read_text().splitlines()) == 2
     cli("fire", "--cycles", "1")
     assert env.ledger()[-1]["work_ref"] == "goal:fixed-file"
-    assert len((env.root / "counter").read_text().splitlines()) == 2
+    assert env.ledger()[-1]["goals_passing"] == 3
+    assert len((env.root / "counter").read_text().splitlines()) == 3
     cli("fire", "--cycles", "1")
     assert env.ledger()[-1]["target"] == "idle"
     assert len(list((env.paths.evolve_dir / "fitness-baselines").glob("goals-*/*.json"))) == 1
@@ -158,5 +163,8 @@ def test_harvested_outranks_goals(env: Env, cli) -> None:
     _goals(env)
     env.queue(entry("queue first"))
     cli("fire", "--cycles", "1")
-    assert env.ledger()[-1]["target"] == "queue first"
-    assert not (env.root / "counter").exists()  # goals never measured while the queue had work
+    e = env.ledger()[-1]
+    assert e["target"] == "queue first"
+    # Goals are still measured before and after the cycle: the regression gate needs both.
+    assert len((env.root / "counter").read_text().splitlines()) == 2
+    assert (e["goals_passing"], e["goals_total"]) == (1, 3)

@@ -90,7 +90,7 @@ class Fire:
         self.signal_received: int | None = None
         self.mode = opts.mode or cfg.fire.mode
         self.selector = Selector(paths, cfg, self.env, self.log, write=not opts.dry_run, sources=sources)
-        self.gate = Gate(paths, cfg, self.log)
+        self.gate = Gate(paths, cfg, self.log, self.env)
         self.state = session_state.SessionState()
         self.started = clock()
 
@@ -526,6 +526,7 @@ class Fire:
         repo = self.paths.repo
         start_sha = gitops.head(repo)
         dirty_before = gitops.dirty_paths(repo)
+        goals, pre = self._goals_before()
         self._write_cycle_state(cycle, item, "agent", start_sha)
         self.log.info("cycle.start", cycle=cycle, ref=item.ref, title=item.title, source=item.source)
         decision, inv = self._plan_agent(cycle, item, restorative)
@@ -575,8 +576,19 @@ class Fire:
             self.gate.undo(start_sha, dirty_before)
             return decision, report, "interrupted", {}
         self._write_cycle_state(cycle, item, "gate", start_sha)
-        result, extra = self.gate.verify(cycle, item, report, start_sha, dirty_before)
+        result, extra = self.gate.verify(cycle, item, report, start_sha, dirty_before, goals=goals, pre=pre)
         return decision, report, result, extra
+
+    def _goals_before(self) -> tuple[Any, dict[str, Any] | None]:
+        """The goal measurement the cycle starts from, so the gate can tell a goal it broke."""
+        if self.cfg.work.beads_only:
+            return None, None
+        try:
+            pre = self.selector.goals.pre_cycle()
+        except SourceError as exc:
+            self.log.warning("goals.measure_failed", error=str(exc)[:300])
+            return None, None
+        return (self.selector.goals, pre) if pre is not None else (None, None)
 
     def _remaining_s(self) -> float:
         """Seconds left of the fire's wall-clock budget (``fire.max_minutes``; 0 = unbounded)."""

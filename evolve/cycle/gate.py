@@ -1,13 +1,20 @@
-"""The gate (SPEC §8): the agent's word is verified — its own changes, the gate commands, the commit."""
+"""The gate (SPEC §8): the agent's word is verified — its own changes, the gate commands, the goals.
+
+Red (a gate command, or a goal that passed before the cycle and fails after it) reverts exactly the
+cycle's own commits and changes: the operator's pre-existing dirty paths are never touched.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import re
-import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from evolve import gitops
+from evolve.agent.process import run_group
 from evolve.agent.report import AgentReport
 from evolve.config import Config
 from evolve.paths import Paths
@@ -17,73 +24,152 @@ _STRUCTURAL_RED = re.compile(r"Pass [0-9]+: (FAILED|BLOCKED)")
 COMMITTED_RESULTS = frozenset({"improved", "harvested", "unchanged"})
 
 
+@dataclass(frozen=True)
+class Verdict:
+    result: str
+    fields: dict[str, Any] = field(default_factory=dict)
+    revert: bool = False
+
+
+def judge(claimed: str, *, substantive: bool, red: str | None) -> Verdict:
+    """The cycle's result from the agent's claim and what the gate saw (pure)."""
+    if claimed not in COMMITTED_RESULTS:
+        return Verdict(claimed, revert=True)  # failed runs leave nothing; scouts only touch metadata
+    if red:
+        return Verdict("regressed", {"gate": "FAIL", "gate_detail": red}, revert=True)
+    if claimed == "improved" and not substantive:
+        return Verdict("unchanged", {"downgraded_from": "improved"})
+    return Verdict(claimed)
+
+
+def goal_regressions(pre: dict[str, Any] | None, post: dict[str, Any] | None) -> list[str]:
+    """Goals that passed before the cycle and fail after it (pure)."""
+    if not pre or not post:
+        return []
+    before = {g.get("goal_id"): g.get("result") for g in pre.get("goals", []) if isinstance(g, dict)}
+    return sorted(
+        str(g.get("goal_id"))
+        for g in post.get("goals", [])
+        if isinstance(g, dict) and g.get("result") == "fail" and before.get(g.get("goal_id")) == "pass"
+    )
+
+
+def goal_fields(snap: dict[str, Any] | None) -> dict[str, Any]:
+    if not snap:
+        return {}
+    summary = snap.get("summary") if isinstance(snap.get("summary"), dict) else {}
+    out = {"goals_passing": summary.get("passing"), "goals_total": summary.get("total")}
+    if snap.get("goals_era"):
+        out["goals_era"] = snap["goals_era"]
+    return {k: v for k, v in out.items() if v is not None}
+
+
 class Gate:
-    def __init__(self, paths: Paths, cfg: Config, log: Any) -> None:
+    def __init__(self, paths: Paths, cfg: Config, log: Any, env: dict[str, str] | None = None) -> None:
         self.paths = paths
         self.cfg = cfg
         self.log = log
+        self.env = env or {}
 
     def undo(self, start_sha: str | None, dirty_before: set[str]) -> None:
         with contextlib.suppress(gitops.GitError):
             gitops.restore_cycle(self.paths.repo, start_sha, dirty_before)
 
     def verify(
-        self, cycle: int, item: WorkItem, report: AgentReport, start_sha: str | None, dirty_before: set[str]
+        self,
+        cycle: int,
+        item: WorkItem,
+        report: AgentReport,
+        start_sha: str | None,
+        dirty_before: set[str],
+        *,
+        goals: Any = None,
+        pre: dict[str, Any] | None = None,
     ) -> tuple[str, dict[str, Any]]:
-        """The cycle's result and the ledger fields the gate adds."""
+        """The cycle's result and the ledger fields the gate adds. ``goals`` measures after the cycle."""
         repo = self.paths.repo
         extra: dict[str, Any] = {"cycle_start_sha": start_sha}
-        if report.result not in COMMITTED_RESULTS:
-            # failed runs leave nothing behind; scouts only touch queue and tracker metadata.
-            self.undo(start_sha, dirty_before)
-            return report.result, extra
         touched = (gitops.dirty_paths(repo) - dirty_before) | gitops.changed_since(repo, start_sha)
-        real = gitops.substantive(touched)
-        red = self.run_commands()
-        if red:
-            self.log.warning("gate.fail", cycle=cycle, detail=red)
-            gitops.restore_cycle(repo, start_sha, dirty_before)
-            extra.update(gate="FAIL", gate_detail=red)
-            return "regressed", extra
-        result = report.result
-        if result == "improved" and not real:
-            result = "unchanged"
-            extra["downgraded_from"] = "improved"
-        to_commit = [p for p in (gitops.dirty_paths(repo) - dirty_before) if not gitops.is_internal(p)]
-        if self.cfg.git.commit and to_commit:
-            message = gitops.commit_message(cycle, clean_text(item.title, 72), result)
-            try:
-                sha = gitops.commit_paths(repo, to_commit, message)
-            except gitops.GitError as exc:
-                self.log.error("git.commit_failed", error=str(exc))
-                sha = None
-            if sha:
-                self.log.info("git.commit", sha=sha, paths=len(to_commit))
+        red = self.run_commands() if report.result in COMMITTED_RESULTS else None
+        verdict = judge(report.result, substantive=bool(gitops.substantive(touched)), red=red)
+        if verdict.revert:
+            if red:
+                self.log.warning("gate.fail", cycle=cycle, detail=red)
+            self.undo(start_sha, dirty_before)
+            extra.update(verdict.fields)
+            return verdict.result, {**extra, **goal_fields(pre)}
+        result = verdict.result
+        extra.update(verdict.fields)
+        self._commit(cycle, item, result, dirty_before)
+        post = goals.measure_post() if goals is not None and pre is not None else None
+        lost = goal_regressions(pre, post)
+        if lost:
+            detail = "goal regressed: " + ", ".join(lost)
+            self.log.warning("gate.fail", cycle=cycle, detail=detail)
+            self.undo(start_sha, dirty_before)
+            # The tree is back at the cycle's start, so the pre-cycle measurement is what stands now:
+            # logging it keeps Step 1's goal-regression rule from halting on a reverted drop.
+            return "regressed", {
+                **extra,
+                "gate": "FAIL",
+                "gate_detail": detail,
+                "goals_regressed": lost,
+                **goal_fields(pre),
+            }
         head = gitops.head(repo)
         if head and head != start_sha:
             extra["sha"] = head
-        if self.cfg.gate.commands:
+            self._push()
+        if self.cfg.gate.commands or post is not None:
             extra["gate"] = "PASS"
-        return result, extra
+        return result, {**extra, **goal_fields(post or pre)}
+
+    def _commit(self, cycle: int, item: WorkItem, result: str, dirty_before: set[str]) -> None:
+        repo = self.paths.repo
+        to_commit = [p for p in (gitops.dirty_paths(repo) - dirty_before) if not gitops.is_internal(p)]
+        if not (self.cfg.git.commit and to_commit):
+            return
+        message = gitops.commit_message(cycle, clean_text(item.title, 72), result)
+        try:
+            sha = gitops.commit_paths(repo, to_commit, message)
+        except gitops.GitError as exc:
+            self.log.error("git.commit_failed", error=str(exc))
+            return
+        if sha:
+            self.log.info("git.commit", sha=sha, paths=len(to_commit))
+
+    def _push(self) -> None:
+        if not self.cfg.git.push:
+            return
+        try:
+            gitops.git(self.paths.repo, "push")
+            self.log.info("git.push")
+        except gitops.GitError as exc:
+            self.log.error("git.push_failed", error=str(exc))
 
     def run_commands(self) -> str | None:
         """The first red gate command's one-line reason, or None when all are green."""
         for argv in self.cfg.gate.commands:
-            try:
-                proc = subprocess.run(
-                    argv,
-                    cwd=self.paths.repo,
-                    capture_output=True,
-                    text=True,
-                    timeout=self.cfg.gate.timeout_s or None,
-                    start_new_session=True,
-                )
-            except subprocess.TimeoutExpired:
-                return f"{argv[0]}: timed out"
-            except OSError as exc:
-                return f"{argv[0]}: {exc}"
+            with tempfile.TemporaryDirectory(prefix="evolve-gate-") as tmp:
+                out = Path(tmp) / "out"
+                try:
+                    proc = run_group(
+                        argv,
+                        cwd=self.paths.repo,
+                        env=self.env,
+                        timeout_s=self.cfg.gate.timeout_s,
+                        idle_timeout_s=0,
+                        log_path=out,
+                        grace_s=2.0,
+                        tail_bytes=0,
+                    )
+                except OSError as exc:
+                    return f"{argv[0]}: {exc}"
+                text = out.read_text(errors="replace") if out.exists() else ""
+            if proc.timed_out:
+                return f"{argv[0]}: timed out after {self.cfg.gate.timeout_s:g}s; process group killed"
             if proc.returncode != 0:
                 return f"{argv[0]}: exit {proc.returncode}"
-            if _STRUCTURAL_RED.search(proc.stdout + proc.stderr):
+            if _STRUCTURAL_RED.search(text):
                 return f"{argv[0]}: structural FAILED/BLOCKED marker"
         return None

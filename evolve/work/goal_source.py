@@ -72,6 +72,32 @@ class GoalsSource:
         self.measured = snap
         return snap
 
+    def pre_cycle(self) -> dict[str, Any] | None:
+        """The measurement the cycle starts from (cached while HEAD is unchanged); None without goals."""
+        gf = self.load()
+        if gf is None or not gf.goals:
+            return None
+        return self.snapshot(gf)
+
+    def measure_post(self) -> dict[str, Any] | None:
+        """Measure after the cycle into ``fitness-latest-post.json`` (and as the latest for the new HEAD).
+
+        A failed measurement returns None and replaces nothing.
+        """
+        gf = self.load()
+        if gf is None or not gf.goals:
+            return None
+        try:
+            snap = measure(
+                self.repo, gf, goal_timeout_s=self.goal_timeout_s, total_timeout_s=self.total_timeout_s, env=self.env
+            )
+        except MeasureError:
+            return None
+        if self.write:
+            write_snapshot(self.evolve_dir / "fitness-latest-post.json", snap)
+            write_snapshot(snapshot_path(self.evolve_dir), snap)
+        return snap
+
     def items(self, *, allow_measure: bool = True) -> list[WorkItem]:
         gf = self.load()
         if gf is None:
