@@ -102,14 +102,12 @@ def commit_paths(repo: Path, paths: Iterable[str], message: str) -> str | None:
 
 
 def restore_cycle(repo: Path, start: str | None, paths_before: set[str]) -> list[str]:
-    """Undo what a cycle did: revert its commits and restore the paths it dirtied.
+    """Undo what a cycle did: restore the paths it dirtied, then revert its commits.
 
-    Paths that were already dirty before the cycle are the operator's and are left alone.
+    Paths that were already dirty before the cycle are the operator's and are left alone. A revert
+    that cannot apply is aborted and reported (GitError), never left half-done.
     """
     env = _env(repo)
-    now = head(repo)
-    if start and now and now != start:
-        git(repo, "revert", "--no-edit", f"{start}..{now}", env=env)
     touched = sorted(p for p in dirty_paths(repo) - paths_before if not is_internal(p))
     tracked = set(git(repo, "ls-files", "-z", "--", *touched).split("\0")) if touched else set()
     for p in touched:
@@ -119,6 +117,13 @@ def restore_cycle(repo: Path, start: str | None, paths_before: set[str]) -> list
             target = repo / p
             if target.is_file() or target.is_symlink():
                 target.unlink()
+    now = head(repo)
+    if start and now and now != start:
+        try:
+            git(repo, "revert", "--no-edit", f"{start}..{now}", env=env)
+        except GitError:
+            git(repo, "revert", "--abort", check=False, env=env)
+            raise
     return touched
 
 

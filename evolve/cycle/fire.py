@@ -524,9 +524,10 @@ class Fire:
         """Run the agent once on ``item`` and verify what it did."""
         st = self.state
         repo = self.paths.repo
+        # Measure first: what the checks themselves leave behind (caches, build output) is not the cycle's.
+        goals, pre = self._goals_before()
         start_sha = gitops.head(repo)
         dirty_before = gitops.dirty_paths(repo)
-        goals, pre = self._goals_before()
         self._write_cycle_state(cycle, item, "agent", start_sha)
         self.log.info("cycle.start", cycle=cycle, ref=item.ref, title=item.title, source=item.source)
         decision, inv = self._plan_agent(cycle, item, restorative)
@@ -745,8 +746,10 @@ class Fire:
             elif result in ("improved", "harvested", "unchanged") and not reading.heavy:
                 src.finalize(item, claimer, stamp)
                 st.parked_work = [r for r in st.parked_work if r != item.ref]
+                st.attempts.pop(item.ref, None)
             else:
                 src.release(item, claimer, stamp, result)
+                self._count_attempt(item, src, result, report, reading.heavy, stamp)
             if report.new_work and result in ("improved", "harvested", "unchanged"):
                 self._queue_new_work(cycle, list(report.new_work), epic=f"evolve-cycle-{cycle}")
         except (SourceError, OSError) as exc:
@@ -809,6 +812,29 @@ class Fire:
             self._handoff(cycle + 1, item, outcome)
             return "context-handoff"
         return stop
+
+    def _count_attempt(
+        self, item: WorkItem, src: WorkSource, result: str, report: AgentReport, heavy: bool, stamp: str
+    ) -> None:
+        """Per-item attempt budget (SPEC §8): park an item that keeps failing and move on.
+
+        Rate limits, interruptions and context hand-offs are not attempts: the item did nothing wrong.
+        """
+        if result not in ("failed", "regressed") or heavy or report.error_class in ("limit", "interrupted"):
+            return
+        st = self.state
+        n = st.attempts.get(item.ref, 0) + 1
+        if n < self.cfg.work.max_attempts:
+            st.attempts = {**st.attempts, item.ref: n}
+            return
+        st.attempts = {k: v for k, v in st.attempts.items() if k != item.ref}
+        note = f"evolve: parked after {n} failed attempts (last: {result} {report.error_class or ''})".strip()
+        park = getattr(src, "park", None)
+        if park is None:
+            self.log.warning("item.attempts_spent", ref=item.ref, attempts=n, note="source cannot park")
+            return
+        park(item, stamp, note)
+        self.log.warning("item.parked", ref=item.ref, attempts=n)
 
     def _streak_limit(self) -> int:
         return self.cfg.context.streak_limit

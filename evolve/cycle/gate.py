@@ -6,7 +6,6 @@ cycle's own commits and changes: the operator's pre-existing dirty paths are nev
 
 from __future__ import annotations
 
-import contextlib
 import re
 import tempfile
 from dataclasses import dataclass, field
@@ -72,8 +71,11 @@ class Gate:
         self.env = env or {}
 
     def undo(self, start_sha: str | None, dirty_before: set[str]) -> None:
-        with contextlib.suppress(gitops.GitError):
+        try:
             gitops.restore_cycle(self.paths.repo, start_sha, dirty_before)
+        except gitops.GitError as exc:
+            # Loud, not fatal: the ledger still records the cycle as red and the claim is released.
+            self.log.error("gate.undo_failed", error=str(exc)[:300])
 
     def verify(
         self,

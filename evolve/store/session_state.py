@@ -41,6 +41,7 @@ class SessionState:
     ack_regression_cycle: int = 0
     landed_directives: list[str] = field(default_factory=list)  # "<goals era>|<directive ref>"
     percepts: list[str] = field(default_factory=list)  # facts agents reported, newest last
+    attempts: dict[str, int] = field(default_factory=dict)  # failed/regressed cycles per work ref
     updated_at: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -70,6 +71,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "ack_regression_cycle": (int,),
     "landed_directives": (list,),
     "percepts": (list,),
+    "attempts": (dict,),
     "updated_at": (str, type(None)),
 }
 
