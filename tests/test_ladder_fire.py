@@ -322,3 +322,16 @@ def test_beads_only_flag(env: Env, cli) -> None:
     r = cli("fire", "--cycles", "1", "--beads-only")
     assert r.code == 0
     assert env.ledger()[-1]["target"] == "idle"
+
+
+def test_a_bead_that_keeps_failing_is_parked_in_the_tracker(env: Env, cli) -> None:
+    bindir = tracker(env, BEADS)
+    env.write_config(breaker={"max_consecutive_failures": 10})
+    env.steps([{"exit": 1}])
+    for _ in range(3):
+        cli("fire", "--cycles", "1", extra_env=path_env(bindir))
+    updates = [c for c in tool_calls(bindir) if c[:1] == ["update"]]
+    assert len(updates) == 1
+    assert updates[0][:4] == ["update", "bd-2", "--status", "blocked"] and updates[0][4] == "--notes"
+    assert "parked after 3 failed attempts" in updates[0][5]
+    assert ["close", "bd-2"] not in tool_calls(bindir)
