@@ -182,3 +182,25 @@ def test_dry_run_writes_nothing(env: Env, cli) -> None:
     assert agent["argv"][:3] == [sys.executable, "-m", "evolve.agent.scripted"]
     assert agent["env"]["EVOLVE_CYCLE"] == "1" and "alpha" in agent["prompt"]
     assert env.calls() == []
+
+
+def test_observers_hear_halts_and_fire_ends_and_never_break_a_fire(env: Env) -> None:
+    from evolve import log
+    from evolve.cycle.fire import Fire, FireOptions
+
+    heard: list[tuple[str, dict]] = []
+
+    def boom(event: str, payload: dict) -> None:
+        raise RuntimeError("observer bug")
+
+    env.queue(entry("a"))
+    with open(env.root / "log.jsonl", "ab") as fh:
+        log.configure(json=True, stream=fh)
+        Fire(env.paths, env.cfg(), FireOptions(cycles=1), env=env.env(),
+             observers=[boom, lambda e, p: heard.append((e, p))]).run()
+        _mk(env.paths.stop)
+        Fire(env.paths, env.cfg(), FireOptions(), env=env.env(), observers=[lambda e, p: heard.append((e, p))]).run()
+    events = [e for e, _ in heard]
+    assert events == ["cycle.end", "fire.end", "halt", "fire.end"]
+    assert heard[0][1]["entry"]["result"] == "improved" and heard[2][1]["reason"] == "user_halt"
+    assert "observer.error" in (env.root / "log.jsonl").read_text()

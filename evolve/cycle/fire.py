@@ -48,6 +48,8 @@ from evolve.work.item import ClaimLost, SourceError, WorkItem, WorkSource
 
 MAX_SCOUTS_PER_CYCLE = 3
 
+Observer = Callable[[str, dict[str, Any]], None]
+
 
 @dataclass(frozen=True)
 class FireOptions:
@@ -77,6 +79,8 @@ class Fire:
         env: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.time,
         sources: list[WorkSource] | None = None,
+        stop: threading.Event | None = None,
+        observers: list[Observer] | None = None,
     ) -> None:
         self.paths = paths
         self.cfg = cfg
@@ -86,7 +90,9 @@ class Fire:
         self.ledger = Ledger(paths.ledger)
         self.fire_id = uuid.uuid4().hex[:12]
         self.log = logmod.get("evolve.fire")
-        self.stop = threading.Event()
+        # A daemon passes its own stop event: its main thread owns the signals, the fire runs in a job thread.
+        self.stop = stop or threading.Event()
+        self.observers = list(observers or [])
         self.signal_received: int | None = None
         self.mode = opts.mode or cfg.fire.mode
         self.selector = Selector(paths, cfg, self.env, self.log, write=not opts.dry_run, sources=sources)
@@ -148,9 +154,12 @@ class Fire:
         step1 = self._step1(now)
         if step1.halt:
             self.log.info("halt", reason=step1.halt, detail=step1.detail)
+            self._emit("halt", reason=step1.halt, detail=step1.detail)
             self._save()
             self.log.info("fire.end", reason=f"halt:{step1.halt}", cycles=0, exit_code=0)
-            return FireOutcome(exitcodes.OK, f"halt:{step1.halt}", halt=step1.halt)
+            outcome = FireOutcome(exitcodes.OK, f"halt:{step1.halt}", halt=step1.halt)
+            self._emit("fire.end", reason=outcome.reason, cycles=0, exit_code=0, cost_usd=0.0)
+            return outcome
 
         self.state.fire = {
             "pid": os.getpid(),
@@ -179,7 +188,22 @@ class Fire:
             exit_code=outcome.exit_code,
             cost_usd=round(outcome.cost_usd, 6),
         )
+        self._emit(
+            "fire.end",
+            reason=outcome.reason,
+            cycles=outcome.cycles,
+            exit_code=outcome.exit_code,
+            cost_usd=round(outcome.cost_usd, 6),
+        )
         return outcome
+
+    def _emit(self, event: str, **payload: Any) -> None:
+        """Tell observers (notifications, metrics) about a state change; they never break a fire."""
+        for observer in self.observers:
+            try:
+                observer(event, {"event": event, "repo": str(self.paths.repo), "fire_id": self.fire_id, **payload})
+            except Exception as exc:  # an observer is best effort by contract
+                self.log.warning("observer.error", observer_event=event, error=str(exc)[:200])
 
     def _save(self) -> None:
         session_state.save(self.paths.state, self.state)
@@ -737,6 +761,9 @@ class Fire:
             context_signal=reading.signal or None,
             cost_usd=report.cost_usd,
         )
+        self._emit("cycle.end", entry=entry)
+        if result == "regressed":
+            self._emit("regression", cycle=cycle, work_ref=item.ref, detail=extra.get("gate_detail"))
 
         # The claim: consumed only after the gate said yes; otherwise back to the queue.
         stamp = utc_iso(now)
@@ -790,6 +817,7 @@ class Fire:
                 until = now + self.cfg.breaker.cooldown_minutes * 60
                 st.breaker_open_until = utc_iso(until)
                 self.log.warning("breaker.open", failures=st.consecutive_failures, until=st.breaker_open_until)
+                self._emit("breaker.open", failures=st.consecutive_failures, until=st.breaker_open_until)
                 stop = "breaker_open"
         elif result not in ("failed", "interrupted"):
             if st.consecutive_failures or st.breaker_open_until:
@@ -869,6 +897,7 @@ class Fire:
             st.agent_session = {**st.agent_session, "ended_heavy": True}
         self._save()
         self.log.info("handoff.written", cycle=cycle, streak=streak, parked=parked, path=str(self.paths.handoff))
+        self._emit("handoff.written", cycle=cycle, streak=streak, parked=parked)
 
     # -- dry run ---------------------------------------------------------------------------
 
