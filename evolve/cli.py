@@ -11,6 +11,27 @@ from typing import Any
 from evolve import exitcodes
 from evolve.errors import EvolveError, UsageError
 
+# Modules under evolve/commands/ that register their own subcommands (missing ones are skipped).
+COMMAND_MODULES = (
+    "evolve.commands.daemon",
+    "evolve.commands.install",
+    "evolve.commands.setup",
+    "evolve.commands.hook",
+    "evolve.commands.handoff",
+    "evolve.commands.report",
+    "evolve.commands.metrics",
+    "evolve.commands.doctor",
+)
+
+
+def _register_modules(sub: Any) -> None:
+    import importlib
+    import importlib.util
+
+    for name in COMMAND_MODULES:
+        if importlib.util.find_spec(name) is not None:
+            importlib.import_module(name).register(sub)
+
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
@@ -47,7 +68,13 @@ def _parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="a throwaway repo, a scripted agent, and a context hand-off, narrated")
     d.add_argument("--dir", type=Path, default=None, help="where to create the demo repo (default: a temp dir)")
     d.add_argument("--keep", action="store_true", help="keep the demo repo (always kept with --dir)")
+    _register_modules(sub)
     return ap
+
+
+def repo_of(args: argparse.Namespace) -> Path:
+    """The repository a command acts on: ``--repo`` or the git top level of the cwd."""
+    return _repo(args)
 
 
 def _repo(args: argparse.Namespace) -> Path:
@@ -191,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return exitcodes.USAGE
     try:
+        if hasattr(args, "run"):
+            return int(args.run(args))
         return COMMANDS[args.command](args)
     except EvolveError as exc:
         # One line, whatever a hostile key or path contains.
