@@ -15,19 +15,26 @@ from typing import Any
 import orjson
 import structlog
 
+from evolve.secrets import redact, secret_values
+
 _SECRET_KEYS = re.compile(r"(api[_-]?key|token|secret|password|authorization)", re.I)
-_SECRET_VALUES = re.compile(r"(sk-[A-Za-z0-9_\-]{8,}|ghp_[A-Za-z0-9]{8,}|xox[abp]-[A-Za-z0-9\-]{8,})")
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 _configured = False
 
 
 def _redact(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
-    """Secrets never reach the logs: mask secret-looking keys and values."""
+    """Secrets never reach the logs: secret-named fields, env secret values and key-shaped strings."""
+    values = secret_values()
     for k, v in list(event.items()):
         if _SECRET_KEYS.search(k) and not k.endswith("_env"):
             event[k] = "***"
         elif isinstance(v, str):
-            event[k] = _SECRET_VALUES.sub("***", v)
+            event[k] = redact(v, values)
+        elif isinstance(v, list | dict):
+            text = orjson.dumps(v, default=str).decode()
+            clean = redact(text, values)
+            if clean != text:
+                event[k] = orjson.loads(clean)
     return event
 
 

@@ -22,6 +22,7 @@ from evolve.agent.command import Invocation
 from evolve.agent.process import run_group
 from evolve.agent.report import AgentReport
 from evolve.config import AgentConfig
+from evolve.secrets import secret_values
 
 
 class ClaudeRunner:
@@ -147,6 +148,7 @@ class ClaudeRunner:
                     stop=stop,
                     on_heartbeat=beat,
                     heartbeat_s=self.cfg.heartbeat_s,
+                    redact_values=secret_values(env),
                 )
             except OSError as exc:
                 return AgentReport("failed", error_class="fatal", error=f"cannot start {self.cfg.argv[0]!r}: {exc}")

@@ -20,6 +20,7 @@ from evolve.agent.process import run_group
 from evolve.agent.prompt import Orientation
 from evolve.agent.report import AgentReport, parse_report
 from evolve.config import AgentConfig
+from evolve.secrets import secret_values
 from evolve.work.item import WorkItem
 
 PLACEHOLDER = re.compile(r"\{(prompt_file|report_file|session_id|mode|work_json|cycle)\}")
@@ -108,6 +109,22 @@ class CommandRunner:
         on_heartbeat: Callable[[float], None] | None = None,
     ) -> AgentReport:
         inv.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            return self._run(inv, on_start=on_start, stop=stop, on_heartbeat=on_heartbeat)
+        finally:
+            # The prompt and the agent's report are exchange files, not records: the ledger and the
+            # (redacted) run log keep what matters, so nothing secret lingers in .agents/.
+            inv.prompt_file.unlink(missing_ok=True)
+            inv.report_file.unlink(missing_ok=True)
+
+    def _run(
+        self,
+        inv: Invocation,
+        *,
+        on_start: Callable[[int], None] | None,
+        stop: threading.Event | None,
+        on_heartbeat: Callable[[float], None] | None,
+    ) -> AgentReport:
         inv.prompt_file.write_text(inv.prompt, encoding="utf-8")
         inv.report_file.unlink(missing_ok=True)
         argv = substitute(self.cfg.argv, inv.values())
@@ -124,6 +141,7 @@ class CommandRunner:
                 stop=stop,
                 on_heartbeat=on_heartbeat,
                 heartbeat_s=self.cfg.heartbeat_s,
+                redact_values=secret_values(env),
             )
         except OSError as exc:
             return AgentReport("failed", error_class="fatal", error=f"cannot start agent {argv[0]!r}: {exc}")

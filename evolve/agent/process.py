@@ -17,6 +17,9 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from evolve.secrets import redact_bytes
 
 GRACE_S = 5.0
 
@@ -28,6 +31,17 @@ class ProcessResult:
     interrupted: bool
     duration_s: float
     output_tail: str
+
+
+def _write_redacted(log: Any, data: bytes, values: Sequence[str]) -> bytes:
+    """Write the complete lines of ``data`` with secrets masked; return the unfinished rest."""
+    cut = data.rfind(b"\n") + 1
+    if cut == 0 and len(data) < 1 << 16:
+        return data
+    cut = cut or len(data)
+    log.write(redact_bytes(data[:cut], values))
+    log.flush()
+    return data[cut:]
 
 
 def group_alive(pgid: int) -> bool:
@@ -107,6 +121,7 @@ def run_group(
     stop: threading.Event | None = None,
     grace_s: float = GRACE_S,
     tail_bytes: int = 16 * 1024,
+    redact_values: Sequence[str] = (),
 ) -> ProcessResult:
     """Run ``argv`` (never through a shell) and wait for it under the timeouts."""
     start = time.monotonic()
@@ -139,6 +154,7 @@ def run_group(
     timed_out: str | None = None
     interrupted = False
     last_output = time.monotonic()
+    pending = b""  # a partial line waits for its newline, so a secret split across reads is still masked
     next_beat = start + heartbeat_s
     assert proc.stdout is not None
     os.set_blocking(proc.stdout.fileno(), False)
@@ -178,8 +194,7 @@ def run_group(
                 if len(tail) > tail_bytes:
                     del tail[: len(tail) - tail_bytes]
                 if log:
-                    log.write(chunk)
-                    log.flush()
+                    pending = _write_redacted(log, pending + chunk, redact_values)
                 if on_output:
                     on_output(chunk)
         if timed_out or interrupted:
@@ -199,6 +214,8 @@ def run_group(
                 os.killpg(pgid, signal.SIGKILL)
             proc.wait()
         if log:
+            if pending:
+                log.write(redact_bytes(pending, redact_values))
             log.close()
     return ProcessResult(
         returncode=proc.returncode,

@@ -6,6 +6,7 @@ from typing import Any
 
 from evolve.agent.report import AgentReport
 from evolve.cycle.budget import ContextReading
+from evolve.secrets import redact, secret_values
 
 
 def base_entry(
@@ -41,17 +42,18 @@ def agent_fields(report: AgentReport, reading: ContextReading | None) -> dict[st
         "usage": report.usage.as_json(),
         "agent_result": report.result,
     }
+    secrets = secret_values()
     if report.disposition:
-        out["disposition"] = report.disposition
+        out["disposition"] = redact(report.disposition, secrets)
     if report.summary:
-        out["summary"] = report.summary[:500]
+        out["summary"] = redact(report.summary[:500], secrets)
     if reading is not None:
         out["context_pct"] = reading.pct
         out["context_heavy"] = reading.heavy
         out["context_signal"] = reading.signal
     if report.error_class:
         out["error_class"] = report.error_class
-        out["error"] = report.error[:300]
+        out["error"] = redact(report.error[:300], secrets)
     return out
 
 

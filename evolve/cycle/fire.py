@@ -36,6 +36,7 @@ from evolve.cycle.gate import Gate
 from evolve.cycle.handoff import handoff_text, milestone
 from evolve.cycle.select import Selector
 from evolve.paths import Paths
+from evolve.secrets import redact, secret_values
 from evolve.store import session_state
 from evolve.store.atomic import atomic_write_bytes, write_json
 from evolve.store.ledger import Ledger
@@ -47,6 +48,19 @@ from evolve.work.harvested import append_bytes
 from evolve.work.item import ClaimLost, SourceError, WorkItem, WorkSource
 
 MAX_SCOUTS_PER_CYCLE = 3
+
+
+def scrub(report: AgentReport) -> AgentReport:
+    """The agent's own texts lose any secret before they reach the ledger, state or the next prompt."""
+    values = secret_values()
+    return replace(
+        report,
+        summary=redact(report.summary, values),
+        disposition=redact(report.disposition, values),
+        error=redact(report.error, values),
+        percepts=[redact(p, values) for p in report.percepts],
+        new_work=[orjson.loads(redact(orjson.dumps(w).decode(), values)) for w in report.new_work],
+    )
 
 Observer = Callable[[str, dict[str, Any]], None]
 
@@ -576,7 +590,7 @@ class Fire:
         runner = self._runner()
         attempt = 0
         while True:
-            report = runner.run(inv, on_start=on_start, stop=self.stop, on_heartbeat=on_heartbeat)
+            report = scrub(runner.run(inv, on_start=on_start, stop=self.stop, on_heartbeat=on_heartbeat))
             again = retry.decide(
                 report,
                 attempt,

@@ -151,7 +151,7 @@ class Ledger:
     def repair_torn(self) -> Path | None:
         """Move a torn last line (no trailing newline) aside and truncate it away."""
         try:
-            fd = os.open(self.path, os.O_RDWR)
+            fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW)
         except FileNotFoundError:
             return None
         try:
@@ -181,7 +181,8 @@ class Ledger:
             raise LedgerError(f"cycle {cycle} is not after the ledger's last cycle {last}")
         line = orjson.dumps(entry, option=orjson.OPT_APPEND_NEWLINE)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        # O_NOFOLLOW: a symlink planted in .agents/ must not redirect the ledger anywhere else.
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         try:
             written = os.write(fd, line)
             if written != len(line):
