@@ -49,12 +49,20 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--quality", action="store_true", help="high, then medium severity findings first")
     f.add_argument("--beads-only", action="store_true", help="skip goals when selecting work")
 
-    s = sub.add_parser("status", help="what the loop is doing and why")
-    s.add_argument("--json", action="store_true")
+    s = sub.add_parser(
+        "status",
+        help="what the loop is doing and why (exit 0 healthy, 1 degraded, 75 halted)",
+        description="What the loop is doing and why. Exit 0 healthy, 1 degraded (breaker open, last cycle "
+        "failed, invalid config), 75 halted (KILL, STOP, DORMANT, goal regression).",
+    )
+    s.add_argument("--json", action="store_true", help="one JSON object for machines")
 
-    h = sub.add_parser("history", help="the last ledger entries")
-    h.add_argument("--limit", type=int, default=20)
-    h.add_argument("--json", action="store_true")
+    h = sub.add_parser("history", help="ledger entries, newest last, with sparklines (or JSONL with --json)")
+    h.add_argument("--limit", type=int, default=20, help="at most N entries (default 20)")
+    h.add_argument("--since", default=None, metavar="WHEN", help="only entries newer than 90m, 24h, 7d or an ISO time")
+    h.add_argument("--result", action="append", default=[], metavar="RESULT",
+                   help="only these results (repeat or comma-separate), e.g. failed,regressed")
+    h.add_argument("--json", action="store_true", help="the matching ledger lines as they are (JSONL)")
 
     for name, text in (("stop", "write STOP (halt until `evolve resume`)"), ("kill", "write KILL")):
         p = sub.add_parser(name, help=text)
@@ -63,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("resume", help="remove STOP (and KILL with --kill)")
     r.add_argument("--kill", action="store_true", help="also remove the repo and global KILL markers")
 
-    sub.add_parser("init", help="write .agents/.gitignore and a commented config.toml")
+    sub.add_parser("init", help="write .agents/.gitignore and a commented config.toml, and say what next")
 
     d = sub.add_parser("demo", help="a throwaway repo, a scripted agent, and a context hand-off, narrated")
     d.add_argument("--dir", type=Path, default=None, help="where to create the demo repo (default: a temp dir)")
@@ -110,7 +118,12 @@ def cmd_fire(args: argparse.Namespace) -> int:
     cfg = config.load(paths.config, os.environ, _flags(args))
     log.configure()
     opts = FireOptions(cycles=args.cycles, dry_run=args.dry_run, wait_s=args.wait, mode=args.mode)
-    outcome = Fire(paths, cfg, opts).run()
+    observers = []
+    if not args.dry_run:
+        from evolve.notify import observers_for
+
+        observers = observers_for(cfg, paths)
+    outcome = Fire(paths, cfg, opts, observers=observers).run()
     if args.dry_run:
         import orjson
 
@@ -131,25 +144,34 @@ def cmd_status(args: argparse.Namespace) -> int:
         sys.stdout.buffer.write(orjson.dumps(info, option=orjson.OPT_INDENT_2) + b"\n")
     else:
         sys.stdout.write(render_status(info))
-    return exitcodes.OK
+    sys.stdout.flush()
+    return int(info["exit_code"])
 
 
 def cmd_history(args: argparse.Namespace) -> int:
+    import time
+
     from evolve.paths import Paths
-    from evolve.status import render_history
+    from evolve.status import history, parse_since, render_history
     from evolve.store.ledger import Ledger
 
     if args.limit < 1:
         raise UsageError("--limit must be at least 1")
+    since = None
+    if args.since is not None:
+        try:
+            since = parse_since(args.since, time.time())
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
+    results = [r.strip() for arg in args.result for r in arg.split(",") if r.strip()]
     paths = Paths.for_repo(_repo(args))
-    tail = Ledger(paths.ledger).tail(args.limit)
+    rows, malformed = history(Ledger(paths.ledger), limit=args.limit, since=since, results=results)
     if args.json:
-        import orjson
-
-        for e in tail.entries:
-            sys.stdout.buffer.write(orjson.dumps(e, option=orjson.OPT_APPEND_NEWLINE))
+        for raw, _ in rows:
+            sys.stdout.buffer.write(raw + b"\n")
     else:
-        sys.stdout.write(render_history(tail.entries, tail.malformed))
+        sys.stdout.write(render_history([e for _, e in rows], malformed))
+    sys.stdout.flush()
     return exitcodes.OK
 
 
@@ -182,10 +204,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from evolve.init import init_repo
+    from evolve.init import init_repo, next_steps
     from evolve.paths import Paths
 
-    for line in init_repo(Paths.for_repo(_repo(args))):
+    paths = Paths.for_repo(_repo(args))
+    for line in [*init_repo(paths), *next_steps(paths)]:
         print(line)
     return exitcodes.OK
 

@@ -66,6 +66,11 @@ class ScheduleConfig:
 
 
 @dataclass(frozen=True)
+class DaemonConfig:
+    grace_s: float = 30
+
+
+@dataclass(frozen=True)
 class WorkConfig:
     beads_command: list[str] = field(default_factory=lambda: ["bd", "ready", "--json"])
     generators: list[list[str]] = field(default_factory=list)
@@ -103,16 +108,30 @@ class HaltConfig:
 
 
 @dataclass(frozen=True)
+class NotifyConfig:
+    command: list[str] = field(default_factory=list)
+    timeout_s: float = 10
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    textfile_dir: str = ""
+
+
+@dataclass(frozen=True)
 class Config:
     agent: AgentConfig = field(default_factory=AgentConfig)
     context: ContextConfig = field(default_factory=ContextConfig)
     fire: FireConfig = field(default_factory=FireConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    daemon: DaemonConfig = field(default_factory=DaemonConfig)
     work: WorkConfig = field(default_factory=WorkConfig)
     gate: GateConfig = field(default_factory=GateConfig)
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
     git: GitConfig = field(default_factory=GitConfig)
     halt: HaltConfig = field(default_factory=HaltConfig)
+    notify: NotifyConfig = field(default_factory=NotifyConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
 
 SECTIONS: dict[str, type] = typing.get_type_hints(Config)
@@ -147,7 +166,9 @@ RANGES: dict[tuple[str, str], tuple[float, float]] = {
     ("halt", "kill_ttl_days"): (0, 1 << 30),
     ("gate", "timeout_s"): (0, 1 << 30),
     ("halt", "timeout_s"): (0, 1 << 30),
+    ("notify", "timeout_s"): (0.1, 3600),
     ("schedule", "jitter_s"): (0, 1 << 30),
+    ("daemon", "grace_s"): (0, 3600),
 }
 LEGACY_ENV: dict[str, tuple[str, str]] = {
     "EVOLVE_CONTEXT_STREAK_LIMIT": ("context", "streak_limit"),
@@ -159,6 +180,11 @@ LEGACY_ENV: dict[str, tuple[str, str]] = {
 
 def _section_fields(section: str) -> dict[str, Any]:
     return typing.get_type_hints(SECTIONS[section])
+
+
+def _shown(name: str) -> str:
+    """A key or section name as the error shows it: escaped when it holds control or invisible characters."""
+    return name if name.isprintable() else repr(name)
 
 
 def _type_name(tp: Any) -> str:
@@ -287,13 +313,13 @@ def resolve(
     layers: dict[str, dict[str, tuple[Any, str]]] = {s: {} for s in SECTIONS}
     for section, table in toml.items():
         if section not in SECTIONS:
-            raise ConfigError(f"{toml_path}: unknown section [{section}]")
+            raise ConfigError(f"{toml_path}: unknown section [{_shown(section)}]")
         if not isinstance(table, dict):
-            raise ConfigError(f"{toml_path}: [{section}] must be a table")
+            raise ConfigError(f"{toml_path}: [{_shown(section)}] must be a table")
         fields = _section_fields(section)
         for key, value in table.items():
             if key not in fields:
-                raise ConfigError(f"{toml_path}: unknown key {section}.{key}")
+                raise ConfigError(f"{toml_path}: unknown key {section}.{_shown(key)}")
             layers[section][key] = checked(section, key, value, toml_path)
     for section, table in env_overrides(env).items():
         for key, (value, where) in table.items():

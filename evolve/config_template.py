@@ -38,9 +38,13 @@ TEMPLATE = """\
 # mode = "burst"             # burst (may write DORMANT) | loop (logs blocked.jsonl instead)
 
 [schedule]
-# cron = "*/30 * * * *"      # 5 fields, or 6 with seconds first
-# timezone = "UTC"
-# jitter_s = 0
+# cron = "*/30 * * * *"      # 5 fields, or 6 with seconds first (`evolve daemon`; `evolve install` renders it)
+# timezone = "UTC"           # an IANA zone; UTC avoids the DST hours
+# jitter_s = 0               # up to this many seconds of random delay per fire; systemd timers use it as
+#                            # RandomizedDelaySec (0 there = a tenth of the interval, at most 120 s)
+
+[daemon]
+# grace_s = 30               # on SIGTERM/SIGINT, wait this long for a running fire to record `interrupted`
 
 [work]
 # beads_command = ["bd", "ready", "--json"]
@@ -68,4 +72,12 @@ TEMPLATE = """\
 # kill_ttl_days = 7          # KILL/STOP older than this are ignored (with a warning), never deleted
 # governor_cmd = []          # argv; exit 3 halts with governor_budget_burned (EVOLVE_GOVERNOR_CMD)
 # timeout_s = 30             # governor timeout (EVOLVE_HALT_TIMEOUT)
+
+[notify]
+# command = []               # argv run on halt, breaker open, hand-off and regression (never a shell);
+#                            # the event is JSON on its stdin; best effort, never changes the exit code
+# timeout_s = 10             # the notify command's process group is killed after this long
+
+[metrics]
+# textfile_dir = ""          # node_exporter textfile dir: evolve.prom is rewritten atomically after every fire
 """

@@ -22,3 +22,18 @@ def init_repo(paths: Paths) -> list[str]:
         paths.config.write_text(TEMPLATE, encoding="utf-8")
         out.append(f"wrote {paths.config}")
     return out
+
+
+def next_steps(paths: Paths) -> list[str]:
+    """What to do after ``evolve init``, with this repository's paths."""
+    repo = str(paths.repo)
+    return [
+        "",
+        "next steps:",
+        f"  1. edit {paths.config} ([agent] runner/argv, [gate] commands, [notify], [metrics])",
+        "  2. evolve doctor                 # agent binary, tracker, state dir, config, schedule: OK/WARN/FAIL",
+        "  3. evolve fire --dry-run         # what the next cycle would pick and the exact agent command",
+        "  4. evolve fire --cycles 1        # one real cycle by hand",
+        f"  5. evolve --repo {repo} install systemd --user   # or: install cron, or run `evolve daemon`",
+        "  6. evolve status                 # in the morning; evolve report -o report.html for the night's story",
+    ]

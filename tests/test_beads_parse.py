@@ -244,3 +244,46 @@ def test_resolve_returns_a_fresh_list():
     argv = ("bd", "ready", "--json")
     out = resolve_command(argv, which=fake_which("bd"))
     assert out == list(argv) and isinstance(out, list)
+
+
+# -- the fast paths -------------------------------------------------------------------------------
+
+
+def test_fast_clean_equals_clean_text_on_every_character():
+    from evolve.work.harvested import fast_clean
+    from evolve.work.item import clean_text
+
+    for c in range(0x110000):
+        if 0xD800 <= c <= 0xDFFF:
+            continue
+        for s in (chr(c), f"a{chr(c)}b", f"a {chr(c)} b", f"{chr(c)}{chr(c)}"):
+            assert fast_clean(s) == clean_text(s), hex(c)
+
+
+@pytest.mark.parametrize("text", ["", " ", "plain title", " lead", "trail ", "two  spaces", "x" * 200, "x" * 201,
+                                  "é" * 250, "tab\there", "nl\nhere", "zw\u200bsp", 42, None, ["list"]])
+def test_fast_clean_equals_clean_text(text):
+    from evolve.work.harvested import fast_clean
+    from evolve.work.item import clean_text
+
+    assert fast_clean(text) == clean_text(text)
+
+
+def test_to_item_keeps_the_parsed_bead_without_copying():
+    bead = {"id": "bd-1", "title": "t", "labels": ["x"]}
+    assert to_item(bead).data is bead
+
+
+def test_beads_source_converts_only_when_the_output_changed(tmp_path, monkeypatch):
+    from evolve.work import beads
+
+    outputs = iter([dumps([B1, B2]), dumps([B1, B2]), dumps([B1]), dumps([B1])])
+    parsed: list[bytes] = []
+    src = beads.BeadsSource(["bd", "ready", "--json"], tmp_path, timeout_s=5, env={"PATH": str(tmp_path)})
+    monkeypatch.setattr(beads, "resolve_command", lambda argv, which: list(argv))
+    monkeypatch.setattr(src, "_run", lambda argv: next(outputs))  # the tracker is asked every time
+    real = beads.parse_ready
+    monkeypatch.setattr(beads, "parse_ready", lambda raw: parsed.append(raw) or real(raw))
+    got = [[w.ref for w in src.candidates()] for _ in range(4)]
+    assert got == [["bead:bd-2", "bead:bd-1"], ["bead:bd-2", "bead:bd-1"], ["bead:bd-1"], ["bead:bd-1"]]
+    assert parsed == [dumps([B1, B2]), dumps([B1])]  # parsed again only when the output changed

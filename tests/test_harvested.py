@@ -143,3 +143,286 @@ for n in range(300):
     assert seen == list(range(300))
     main = [e for e in lines if e.get("source_epic") == "ep"]
     assert len(main) == 1 and all(i["claim_status"] == "consumed" for i in main[0]["items"])
+
+
+# -- the in-memory index: re-checked against the file at every call ---------------------------------
+
+
+def _fresh(q: HarvestedQueue) -> list[str]:
+    """What a full parse of the file gives now (a new queue object has no index)."""
+    return [w.ref for w in HarvestedQueue(q.path, repo_names=q.repo_names, quality=q.quality).candidates()]
+
+
+def _count(monkeypatch: pytest.MonkeyPatch, q: HarvestedQueue, name: str) -> list[int]:
+    calls = [0]
+    fn = getattr(q, name)
+
+    def counted(*a, **kw):
+        calls[0] += 1
+        return fn(*a, **kw)
+
+    monkeypatch.setattr(q, name, counted)
+    return calls
+
+
+def _settle(q: HarvestedQueue) -> None:
+    """Make the file's timestamps old, as between two real selections (no racy re-read)."""
+    past = os.stat(q.path).st_mtime_ns - 10**10
+    os.utime(q.path, ns=(past, past))
+
+
+def test_unchanged_file_reuses_the_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    q = _q(tmp_path, _entry(_item("a"), _item("b")))
+    _settle(q)
+    first = q.candidates()
+    rebuilds, rereads = _count(monkeypatch, q, "_rebuild"), _count(monkeypatch, q, "_same_lines")
+    for _ in range(3):
+        assert q.candidates() == first
+    assert rebuilds == [0] and rereads == [0]
+
+
+def test_external_append_is_parsed_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    q = _q(tmp_path, _entry(_item("a", severity="low")), b"garbage")
+    _settle(q)
+    assert [w.title for w in q.candidates()] == ["a"] and q.malformed == 1
+    rebuilds, appends = _count(monkeypatch, q, "_rebuild"), _count(monkeypatch, q, "_append")
+    rereads = _count(monkeypatch, q, "_same_lines")
+    with open(q.path, "ab") as fh:
+        fh.write(orjson.dumps(_entry(_item("b", severity="high"))) + b"\n\n" + b"more garbage\n")
+    assert [w.title for w in q.candidates()] == ["b", "a"]  # ranked in, not just appended
+    assert q.malformed == 2
+    assert (rebuilds, appends, rereads) == ([0], [1], [0])  # only the appended bytes were read
+    assert [w.ref for w in q.candidates()] == _fresh(q)
+
+
+def test_append_right_after_a_read_is_checked_in_full(tmp_path: Path) -> None:
+    """The file was written just before we read it: the append path compares every indexed line."""
+    q = _q(tmp_path, _entry(_item("a", description="x" * 6000)))  # the title is not in the last 4 KiB
+    assert [w.title for w in q.candidates()] == ["a"]
+    assert q._racy
+    with open(q.path, "r+b") as fh:  # same size, earlier bytes: "a" becomes "z" …
+        data = fh.read()
+        fh.seek(0)
+        fh.write(data.replace(b'"title":"a"', b'"title":"z"'))
+    with open(q.path, "ab") as fh:  # … and a line appended, in the same timestamp tick for all we know
+        fh.write(orjson.dumps(_entry(_item("b"))) + b"\n")
+    assert [w.title for w in q.candidates()] == ["z", "b"]
+
+
+def test_external_atomic_rewrite_rebuilds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    q = _q(tmp_path, _entry(_item("a"), _item("b")))
+    _settle(q)
+    assert [w.title for w in q.candidates()] == ["a", "b"]
+    rebuilds = _count(monkeypatch, q, "_rebuild")
+    tmp = tmp_path / "new.jsonl"
+    tmp.write_bytes(orjson.dumps(_entry(_item("a", consumed=True), _item("b"), _item("c"))) + b"\n")
+    os.replace(tmp, q.path)  # a new inode, as other tools rewrite the queue
+    assert [w.title for w in q.candidates()] == ["b", "c"]
+    assert rebuilds == [1]
+
+
+def test_in_place_same_size_edit_rebuilds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    q = _q(tmp_path, _entry(_item("aaa"), _item("bbb")), _entry(_item("ccc")))
+    _settle(q)
+    before = os.stat(q.path)
+    assert [w.title for w in q.candidates()] == ["aaa", "bbb", "ccc"]
+    rebuilds = _count(monkeypatch, q, "_rebuild")
+    with open(q.path, "r+b") as fh:
+        data = fh.read()
+        fh.seek(0)
+        fh.write(data.replace(b'"title":"aaa"', b'"title":"zzz"'))
+    os.utime(q.path, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))  # a different mtime
+    after = os.stat(q.path)
+    assert (after.st_ino, after.st_size) == (before.st_ino, before.st_size)
+    assert [w.title for w in q.candidates()] == ["zzz", "bbb", "ccc"]
+    assert rebuilds == [1]
+
+
+def test_racy_stat_is_verified_by_content(tmp_path: Path) -> None:
+    """A write in the same timestamp tick as our read can leave every stat field as it was."""
+    q = _q(tmp_path, _entry(_item("aaa")))
+    assert [w.title for w in q.candidates()] == ["aaa"]
+    assert q._racy  # written a moment before the read
+    with open(q.path, "r+b") as fh:
+        data = fh.read()
+        fh.seek(0)
+        fh.write(data.replace(b'"title":"aaa"', b'"title":"zzz"'))
+    st = os.stat(q.path)
+    q._sig = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)  # as if the write kept the old stat
+    assert [w.title for w in q.candidates()] == ["zzz"]
+
+
+def test_grown_file_with_changed_tail_rebuilds(tmp_path: Path) -> None:
+    q = _q(tmp_path, _entry(_item("a")), _entry(_item("b")))
+    _settle(q)
+    assert [w.title for w in q.candidates()] == ["a", "b"]
+    with open(q.path, "r+b") as fh:  # same inode, rewritten in place and longer
+        fh.write(orjson.dumps(_entry(_item("a"))) + b"\n" + orjson.dumps(_entry(_item("bb"), _item("c"))) + b"\n")
+    assert [w.title for w in q.candidates()] == ["a", "bb", "c"]
+
+
+def test_partial_last_line_completed_by_an_append(tmp_path: Path) -> None:
+    line = orjson.dumps(_entry(_item("b")))
+    q = _q(tmp_path, _entry(_item("a")))
+    with open(q.path, "ab") as fh:
+        fh.write(line[:20])  # a writer caught mid-line
+    _settle(q)
+    assert [w.title for w in q.candidates()] == ["a"] and q.malformed == 1
+    with open(q.path, "ab") as fh:
+        fh.write(line[20:] + b"\n")
+    assert [w.title for w in q.candidates()] == ["a", "b"] and q.malformed == 0
+
+
+def test_file_removed_and_recreated(tmp_path: Path) -> None:
+    q = _q(tmp_path, _entry(_item("a")))
+    assert len(q.candidates()) == 1
+    q.path.unlink()
+    assert q.candidates() == []
+    q.path.write_bytes(orjson.dumps(_entry(_item("b"))) + b"\n")
+    assert [w.title for w in q.candidates()] == ["b"]
+
+
+def test_rewrite_updates_the_index_in_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    q = _q(tmp_path, *[_entry(_item(f"i{n}", severity=("high", "low")[n % 2]), epic=f"e{n}") for n in range(8)])
+    _settle(q)
+    q.candidates()
+    rebuilds = _count(monkeypatch, q, "_rebuild")
+    for n in range(3):
+        top = q.candidates()[0]
+        q.claim(top, f"c{n}", "t")
+        assert top.ref not in [w.ref for w in q.candidates()]
+        q.finalize(top, f"c{n}", "t")
+        assert [w.ref for w in q.candidates()] == _fresh(q)
+    assert rebuilds == [0]
+
+
+def test_claim_after_an_external_append_keeps_it(tmp_path: Path) -> None:
+    q = _q(tmp_path, _entry(_item("a")))
+    (a,) = q.candidates()
+    with open(q.path, "ab") as fh:
+        fh.write(orjson.dumps(_entry(_item("b"), epic="other")) + b"\n")
+    q.claim(a, "c", "t")
+    lines = [orjson.loads(x) for x in q.path.read_bytes().splitlines()]
+    assert [e["source_epic"] for e in lines] == ["ep", "other"]
+    assert [w.title for w in q.candidates()] == ["b"] == [w.title for w in HarvestedQueue(q.path).candidates()]
+
+
+def test_same_ref_on_two_lines_claims_the_first_selectable(tmp_path: Path) -> None:
+    q = _q(tmp_path, _entry(_item("dup", consumed=True)), _entry(_item("dup")), _entry(_item("dup")))
+    first, second = q.candidates()
+    assert first.ref == second.ref
+    q.claim(first, "c1", "t")
+    q.claim(second, "c2", "t")
+    items = [orjson.loads(x)["items"][0] for x in q.path.read_bytes().splitlines()]
+    assert [i.get("claimed_by") for i in items] == [None, "c1", "c2"]
+    q.finalize(second, "c2", "t")
+    q.release(first, "c1", "t", "failed")
+    items = [orjson.loads(x)["items"][0] for x in q.path.read_bytes().splitlines()]
+    assert [i.get("claim_status") for i in items] == [None, "available", "consumed"]
+    assert [w.ref for w in q.candidates()] == _fresh(q) == [first.ref]
+
+
+def test_random_operations_keep_the_index_equal_to_a_full_parse(tmp_path: Path) -> None:
+    import random
+
+    rnd = random.Random(7)
+    q = _q(tmp_path, *[_entry(_item(f"i{n}", severity=rnd.choice(["high", "low"]), target_repo=rnd.choice(
+        [None, "*", "myrepo", "elsewhere"])), _item(f"j{n}"), epic=f"e{n}") for n in range(6)], b"{broken")
+    claimed: dict[str, object] = {}
+    for step in range(60):
+        op = rnd.randrange(7)
+        cands = q.candidates()
+        if op == 0 and cands:
+            w = rnd.choice(cands)
+            q.claim(w, f"c{step}", "t")
+            claimed[f"c{step}"] = w
+        elif op == 1 and claimed:
+            who = rnd.choice(sorted(claimed))
+            q.finalize(claimed.pop(who), who, "t")  # type: ignore[arg-type]
+        elif op == 2 and claimed:
+            who = rnd.choice(sorted(claimed))
+            q.release(claimed.pop(who), who, "t", "failed")  # type: ignore[arg-type]
+        elif op == 3 and cands:
+            q.park(rnd.choice(cands), "t", "budget")
+        elif op == 4 and cands:
+            q.annotate(rnd.choice(cands), "t", disposition=rnd.choice(["defer:later", "keep"]))
+        elif op == 5:
+            with open(q.path, "ab") as fh:  # another process appends
+                fh.write(orjson.dumps(_entry(_item(f"x{step}", severity="high"), epic=f"x{step}")) + b"\n")
+        else:
+            lines = q.path.read_bytes().splitlines()  # another tool rewrites atomically
+            tmp = tmp_path / "other.jsonl"
+            tmp.write_bytes(b"\n".join(lines[1:] + lines[:1]) + b"\n")
+            os.replace(tmp, q.path)
+        if rnd.random() < 0.5:
+            _settle(q)
+        assert [w.ref for w in q.candidates()] == _fresh(q), step
+        assert q.malformed == 1
+
+
+def test_concurrent_appender_and_rewrites_keep_the_index_exact(tmp_path: Path) -> None:
+    """Appended items (selectable ones) show up while we claim and finalize; nothing is lost."""
+    q = _q(tmp_path, _entry(*[_item(f"i{n}", severity="high") for n in range(20)]))
+    writer = subprocess.Popen([sys.executable, "-c", f"""
+import os, orjson, time
+for n in range(200):
+    fd = os.open({str(q.path)!r}, os.O_WRONLY | os.O_APPEND)
+    os.write(fd, orjson.dumps({{"source_epic": "bg", "items": [{{"title": f"bg{{n}}", "severity": "low"}}]}}) + b"\\n")
+    os.close(fd)
+    time.sleep(0.001)
+"""])
+    for n in range(20):
+        item = next(w for w in q.candidates() if w.title == f"i{n}")
+        q.claim(item, f"c{n}", "t")
+        q.finalize(item, f"c{n}", "t")
+    writer.wait(timeout=60)
+    titles = [w.title for w in q.candidates()]
+    assert sorted(titles) == sorted(f"bg{n}" for n in range(200))
+    assert [w.ref for w in q.candidates()] == _fresh(q)
+
+
+def test_rewrite_never_writes_over_an_in_place_edit_the_tail_check_missed(tmp_path: Path) -> None:
+    """An append is taken on the last 4 KiB alone; before writing the file back, every line is compared."""
+    q = _q(tmp_path, _entry(_item("aaa", description="x" * 6000), epic="A"), _entry(_item("b"), epic="B"))
+    _settle(q)
+    assert [w.title for w in q.candidates()] == ["aaa", "b"]
+    with open(q.path, "r+b") as fh:  # same length, more than 4 KiB before the end
+        data = fh.read()
+        fh.seek(0)
+        fh.write(data.replace(b'"title":"aaa"', b'"title":"zzz"'))
+    with open(q.path, "ab") as fh:
+        fh.write(orjson.dumps(_entry(_item("c"), epic="C")) + b"\n")
+    _settle(q)
+    b = next(w for w in q.candidates() if w.title == "b")
+    q.claim(b, "c1", "t")
+    lines = [orjson.loads(x) for x in q.path.read_bytes().splitlines()]
+    assert [e["items"][0]["title"] for e in lines] == ["zzz", "b", "c"]  # the edit survived the rewrite
+    assert lines[1]["items"][0]["claimed_by"] == "c1"
+    assert [w.title for w in q.candidates()] == ["zzz", "c"] == [w.title for w in HarvestedQueue(q.path).candidates()]
+
+
+def test_gc_paused_restores_the_collector_and_leaves_a_freeze_alone() -> None:
+    import gc
+
+    from evolve.work.harvested import gc_paused
+
+    assert gc.isenabled()
+    with gc_paused():
+        assert not gc.isenabled()
+        keep = [[n] for n in range(20_000)]  # many new objects: promoted to the oldest generation
+    assert gc.isenabled() and gc.get_count()[0] < 1_000 and gc.get_freeze_count() == 0
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()  # left as the caller had it
+    finally:
+        gc.enable()
+    gc.freeze()  # someone else's frozen objects must stay frozen
+    try:
+        frozen = gc.get_freeze_count()
+        with gc_paused():
+            keep += [[n] for n in range(20_000)]
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()

@@ -19,7 +19,10 @@ from evolve.work import harvested as hq
 from evolve.work.item import WorkItem
 from evolve.work.ladder import (
     HARD_REPEAT,
+    LOOKAHEAD,
     QUARANTINE_FLIPS,
+    RUNNER_UP,
+    RUNNERS_UP,
     SOFT_REPEAT,
     LadderInput,
     Probe,
@@ -689,3 +692,83 @@ def test_property_first_eligible_item_in_rung_order(scenario):
     assert len(sel.probe_errors) == len(want_errors)
     assert sel.empty == (want is None and not sel.probe_errors)
     assert drive(sources, **flags) == (sel, asked)  # deterministic
+
+
+# -- the scan stops soon after a rung's top -------------------------------------------------------
+
+
+class Counted:
+    """A probe's items that count how many the ladder looked at."""
+
+    def __init__(self, items: list[WorkItem]) -> None:
+        self.items = items
+        self.seen = 0
+
+    def __iter__(self):
+        for it in self.items:
+            self.seen += 1
+            yield it
+
+
+def test_a_long_rung_is_not_walked_to_its_end():
+    items = Counted([h(f"i{n}") for n in range(100_000)])
+    sel, _ = drive({"harvested": Probe(items)})  # type: ignore[arg-type]
+    assert sel.item == h("i0")
+    assert items.seen <= 1 + LOOKAHEAD + 1
+    assert [(c.ref, c.verdict) for c in sel.considered] == [(h("i0").ref, "selected")] + [
+        (h(f"i{n}").ref, RUNNER_UP) for n in range(1, RUNNERS_UP + 1)
+    ]
+
+
+def test_skipped_items_before_the_top_keep_their_verdicts():
+    skipped = [h(f"s{n}") for n in range(200)]
+    items = [*skipped, h("top"), h("x", "feature"), h("next")]
+    sel, _ = drive({"harvested": probe(*items)}, excluded=frozenset(s.ref for s in skipped) | {h("x").ref})
+    assert sel.item == h("top")
+    v = [(c.ref, c.verdict) for c in sel.considered]
+    assert v[:200] == [(s.ref, "scouted earlier in this cycle") for s in skipped]
+    assert v[200:] == [(h("top").ref, "selected"), (h("x").ref, "scouted earlier in this cycle"),
+                       (h("next").ref, RUNNER_UP)]
+
+
+def test_the_listing_past_the_top_is_bounded():
+    after = [h(f"x{n}") for n in range(3 * LOOKAHEAD)]
+    items = Counted([h("top"), *after, h("late")])
+    sel, _ = drive({"harvested": Probe(items)}, excluded=frozenset(x.ref for x in after))  # type: ignore[arg-type]
+    assert sel.item == h("top")
+    assert len(sel.considered) == 1 + LOOKAHEAD
+    assert items.seen <= 2 + LOOKAHEAD
+
+
+def test_a_quarantined_goal_past_the_listing_is_still_reported():
+    goals = [goal(f"ok{n}") for n in range(3 * LOOKAHEAD)]
+    bad = goal("bad")
+    sel, _ = drive({"goals": probe(*goals, bad)}, goal_flips={"goal:bad": QUARANTINE_FLIPS})
+    assert sel.item == goals[0]
+    assert sel.quarantine == ((bad, QUARANTINE_FLIPS),)
+    assert verdicts(sel)["goal:bad"].startswith("quarantined")
+    # Already reported in this era: nothing to look for past the listing.
+    items = Counted([*goals, bad])
+    sel, _ = drive({"goals": Probe(items)}, goal_flips={"goal:bad": 5},  # type: ignore[arg-type]
+                   quarantined_logged=frozenset({"goal:bad"}))
+    assert sel.quarantine == () and items.seen <= 2 + LOOKAHEAD
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    flips=st.lists(st.integers(0, 5), min_size=0, max_size=80),
+    logged=st.sets(st.integers(0, 79)),
+    excluded=st.sets(st.integers(0, 79)),
+)
+def test_property_quarantine_report_equals_a_full_scan(flips, logged, excluded):
+    goals = [goal(f"g{n}") for n in range(len(flips))]
+    goal_flips = {g.ref: f for g, f in zip(goals, flips, strict=True) if f}
+    kw = {"goal_flips": goal_flips, "quarantined_logged": frozenset(f"goal:g{n}" for n in logged),
+          "excluded": frozenset(f"goal:g{n}" for n in excluded)}
+    sel, _ = drive({"goals": probe(*goals)}, **kw)
+    want = [(g, goal_flips[g.ref]) for g in goals
+            if g.ref not in kw["excluded"] and goal_flips.get(g.ref, 0) >= QUARANTINE_FLIPS
+            and g.ref not in kw["quarantined_logged"]]
+    assert list(sel.quarantine) == want
+    eligible = [g for g in goals if g.ref not in kw["excluded"] and goal_flips.get(g.ref, 0) < QUARANTINE_FLIPS]
+    assert sel.item == (eligible[0] if eligible else None)

@@ -68,7 +68,10 @@ class ClaudeRunner:
             argv += ["--max-turns", str(cfg.max_turns)]
         if cfg.max_budget_usd:
             argv += ["--max-budget-usd", f"{cfg.max_budget_usd:g}"]
-        if inv.resume:
+        if inv.resume and inv.fork_from and inv.mode == "fork":
+            # A fork branches the parent's conversation under a pre-assigned child id.
+            argv += ["--resume", inv.fork_from, "--fork-session", "--session-id", inv.session_id]
+        elif inv.resume:
             argv += ["--resume", inv.session_id]
         else:
             argv += ["--session-id", inv.session_id, "--append-system-prompt-file", str(self.system_file(inv))]

@@ -44,6 +44,7 @@ class Invocation:
     resume: bool
     work: WorkItem
     orientation: Orientation
+    fork_from: str | None = None  # mode "fork": the parent session resumed with --fork-session
 
     @property
     def prompt(self) -> str:

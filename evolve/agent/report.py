@@ -44,7 +44,8 @@ class Usage:
 
         def num(k: str) -> int:
             v = obj.get(k, 0)
-            return int(v) if _finite_nonneg(v) else 0
+            # Bounded so the ledger (64-bit JSON integers) can always record it: 1e20 tokens is garbage.
+            return int(v) if _finite_nonneg(v) and v < 2**63 else 0
 
         return cls(
             num("input_tokens"),

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from evolve.agent.report import AgentReport, Usage, parse_report
+from evolve.agent.report import AgentReport, Usage, _finite_nonneg, parse_report
 
 _REPORT_BLOCK = re.compile(r"```evolve-report[ \t]*\n(.*?)```", re.S)
 _OVERFLOW = ("prompt is too long", "prompt too long", "context window", "context length")
@@ -57,10 +57,11 @@ class StreamState:
         if not isinstance(msg, dict):
             return
         kind, sub = msg.get("type"), msg.get("subtype")
-        if isinstance(msg.get("session_id"), str) and not self.session_id:
-            self.session_id = msg["session_id"]
+        sid = msg.get("session_id") if isinstance(msg.get("session_id"), str) and msg["session_id"] else None
+        if sid and not self.session_id:
+            self.session_id = sid
         if kind == "system" and sub == "init":
-            self.session_id = msg.get("session_id") or self.session_id
+            self.session_id = sid or self.session_id
             self.model = msg.get("model") if isinstance(msg.get("model"), str) else None
         elif kind == "system" and sub == "compact_boundary":
             self.compactions += 1
@@ -105,9 +106,15 @@ def retry_after_s(state: StreamState) -> float | None:
     return delays[-1] / 1000 if delays else None
 
 
+def _errors(result: dict[str, Any]) -> str:
+    """The result's ``errors`` as text (a list is expected; anything else is taken as one value)."""
+    errors = result.get("errors") or []
+    return " ".join(map(str, errors)) if isinstance(errors, list) else str(errors)
+
+
 def classify(result: dict[str, Any], output_tail: str) -> tuple[str | None, bool]:
     """``(error_class, context_overflow)`` for an error result (SPEC §5 taxonomy)."""
-    text = f"{result.get('result') or ''} {' '.join(map(str, result.get('errors') or []))}".lower()
+    text = f"{result.get('result') or ''} {_errors(result)}".lower()
     status = result.get("api_error_status")
     reason = str(result.get("terminal_reason") or "")
     if reason == "prompt_too_long" or any(t in text for t in _OVERFLOW):
@@ -121,7 +128,7 @@ def classify(result: dict[str, Any], output_tail: str) -> tuple[str | None, bool
 
 def invalid_session(output_tail: str, result: dict[str, Any] | None) -> bool:
     res = result or {}
-    text = f"{output_tail} {res.get('result') or ''} {' '.join(map(str, res.get('errors') or []))}".lower()
+    text = f"{output_tail} {res.get('result') or ''} {_errors(res)}".lower()
     return _INVALID_SESSION in text
 
 
@@ -139,11 +146,12 @@ def to_report(state: StreamState, *, output_tail: str, window_override: int = 0)
             usage=state.last_usage,
             num_turns=state.turns,
         )
+    sid, turns = res.get("session_id"), res.get("num_turns")
     common = {
-        "session_id": res.get("session_id") or state.session_id,
+        "session_id": sid if isinstance(sid, str) and sid else state.session_id,
         "usage": state.last_usage,
-        "cost_usd": float(res["total_cost_usd"]) if isinstance(res.get("total_cost_usd"), int | float) else 0.0,
-        "num_turns": res["num_turns"] if isinstance(res.get("num_turns"), int) else state.turns,
+        "cost_usd": float(res["total_cost_usd"]) if _finite_nonneg(res.get("total_cost_usd")) else 0.0,
+        "num_turns": turns if isinstance(turns, int) and not isinstance(turns, bool) and turns >= 0 else state.turns,
         "context_window": window_override or context_window(res),
         "compacted": state.compactions > 0,
     }

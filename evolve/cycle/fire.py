@@ -35,6 +35,9 @@ from evolve.cycle.entry import agent_fields, base_entry
 from evolve.cycle.gate import Gate
 from evolve.cycle.handoff import handoff_text, milestone
 from evolve.cycle.select import Selector
+from evolve.harness import handoff as handoffs
+from evolve.harness import hooks as harness_hooks
+from evolve.harness import loop as harness
 from evolve.paths import Paths
 from evolve.secrets import redact, secret_values
 from evolve.store import session_state
@@ -113,6 +116,7 @@ class Fire:
         self.gate = Gate(paths, cfg, self.log, self.env)
         self.state = session_state.SessionState()
         self.started = clock()
+        self._harness: harness.CyclePlan | None = None  # this cycle's pending hand-off, if any
 
     # -- entry point -----------------------------------------------------------------------
 
@@ -514,7 +518,7 @@ class Fire:
                 "step": phase,
                 "work_ref": item.ref,
                 "title": item.title,
-                "plan_items": [],
+                **harness_hooks.plan_fields(self.paths.repo, item.data),
                 "cycle_start_sha": start_sha,
                 "written_at": utc_iso(self.clock()),
             },
@@ -698,25 +702,36 @@ class Fire:
         events = (session or {}).get("events_since", 0)
         events = events if isinstance(events, int) else 0
         foreign = gitops.foreign_commits(self.paths.repo, (session or {}).get("last_head"))
-        decision = sessions.choose_mode(
-            session,
-            item.ref,
-            events_since=events + foreign,
-            fresh_start_turns=self.cfg.context.returning_fresh_start_turns,
-            new_id=new_id,
-        )
+        request = handoffs.pending(self.paths)  # an operator's `evolve handoff` (SPEC §7)
+        fork_from = None
+        if request is not None and request.mode == handoffs.FORK:
+            decision, fork_from = harness.fork_decision(session, self.cfg.agent.runner, new_id)
+        else:
+            decision = sessions.choose_mode(
+                session,
+                item.ref,
+                events_since=events + foreign,
+                fresh_start_turns=self.cfg.context.returning_fresh_start_turns,
+                handoff_requested=request is not None,
+                new_id=new_id,
+            )
+        self._harness = harness.CyclePlan(cycle, request, session, fork_from)
         digest = ""
         if session and (events or foreign):
             digest = f"{events} cycle(s) ran without this session; {foreign} commit(s) landed from outside the loop"
+        digest = harness.with_handback(digest, session)
         orientation = prompt.build(
             cycle=cycle,
             mode=decision.mode,
             work=item,
-            prior_summary=(session or {}).get("summary", "") if decision.mode == sessions.FIRST else "",
+            prior_summary=harness.prior_summary(request, session, decision.mode),
             restorative=restorative,
             facts=[*prompt.read_learnings(self.paths.repo), *self.state.percepts],
             events=digest if decision.mode != sessions.FIRST else "",
             now=self.clock(),
+        )
+        orientation = harness.shape(
+            orientation, request=request, decision=decision, post_compact=self.state.post_compact
         )
         inv = Invocation(
             repo=self.paths.repo,
@@ -727,6 +742,7 @@ class Fire:
             resume=decision.resume,
             work=item,
             orientation=orientation,
+            fork_from=fork_from,
         )
         return decision, inv
 
@@ -765,6 +781,7 @@ class Fire:
         entry["agent_mode"] = decision.mode
         entry.update(agent_fields(report, reading))
         entry.update(extra)
+        entry.update(harness.entry_fields(self._harness, decision, report))
         self.ledger.append(entry)
         outcome.entries.append(entry)
         self.log.info(
@@ -809,6 +826,13 @@ class Fire:
             summary=report.summary,
             head=gitops.head(self.paths.repo),
         )
+        st.agent_session = harness.after_cycle(
+            self.paths, self._harness, updated=st.agent_session, decision=decision, report=report, result=result,
+            cycle=cycle, now=now,
+        )
+        st.post_compact = harness.post_compact(self.paths, report, decision, cycle, now)
+        if harness.used(self._harness, result, report):
+            self.log.info("handoff.consumed", cycle=cycle, **harness.entry_fields(self._harness, decision, report))
         if report.percepts:
             st.percepts = [*st.percepts, *report.percepts][-20:]
         st.last_logged_cycle = cycle

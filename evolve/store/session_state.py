@@ -42,6 +42,7 @@ class SessionState:
     landed_directives: list[str] = field(default_factory=list)  # "<goals era>|<directive ref>"
     percepts: list[str] = field(default_factory=list)  # facts agents reported, newest last
     attempts: dict[str, int] = field(default_factory=dict)  # failed/regressed cycles per work ref
+    post_compact: dict[str, Any] | None = None  # {session_id, cycle, text}: state block for the next resumed run
     updated_at: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -72,15 +73,27 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "landed_directives": (list,),
     "percepts": (list,),
     "attempts": (dict,),
+    "post_compact": (dict, type(None)),
     "updated_at": (str, type(None)),
 }
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _type_ok(name: str, value: Any) -> bool:
     types = _TYPES[name]
     if isinstance(value, bool) and bool not in types:
         return False
-    return isinstance(value, types)
+    if not isinstance(value, types):
+        return False
+    # Containers the fire does arithmetic or string work on must hold the right items too.
+    if name == "attempts":
+        return all(_is_int(v) for v in value.values())
+    if name in ("percepts", "landed_directives", "parked_work"):
+        return all(isinstance(v, str) for v in value)
+    return True
 
 
 @dataclass

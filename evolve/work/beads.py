@@ -15,7 +15,8 @@ from typing import Any
 import orjson
 
 from evolve.agent.process import run_group
-from evolve.work.item import SourceError, WorkItem, clean_text
+from evolve.work.harvested import fast_clean, gc_paused
+from evolve.work.item import SourceError, WorkItem
 
 DROPPED_LABELS = frozenset({"operator-shape", "meta-runtime", "human-coordinate"})
 RED_LABELS = frozenset({"gate-fix", "ci-red", "regression"})
@@ -52,9 +53,14 @@ def parse_ready(raw: bytes) -> list[dict[str, Any]]:
     return [b for b in obj if isinstance(b, dict) and isinstance(b.get("id"), str | int) and str(b["id"]).strip()]
 
 
-def _labels(bead: Mapping[str, Any]) -> set[str]:
+def _has_label(bead: Mapping[str, Any], wanted: frozenset[str]) -> bool:
+    """Whether any of the bead's labels (a list; compared case-insensitively) is in ``wanted``."""
     labels = bead.get("labels")
-    return {str(x).lower() for x in labels} if isinstance(labels, list) else set()
+    if isinstance(labels, list):
+        for x in labels:
+            if str(x).lower() in wanted:
+                return True
+    return False
 
 
 def _priority(bead: Mapping[str, Any]) -> int:
@@ -64,24 +70,27 @@ def _priority(bead: Mapping[str, Any]) -> int:
 
 def rank(beads: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Drop operator-only shapes; order by priority (0 = critical), ``created_at``, ``id``."""
-    kept = [b for b in beads if not (_labels(b) & DROPPED_LABELS)]
+    kept = [b for b in beads if not _has_label(b, DROPPED_LABELS)]
     return sorted(kept, key=lambda b: (_priority(b), str(b.get("created_at") or ""), str(b["id"])))
 
 
 def to_item(bead: Mapping[str, Any]) -> WorkItem:
+    """The bead as a WorkItem; ``data`` is the bead itself (a parsed dict is not copied)."""
     bead_id = str(bead["id"])
     kind = str(bead.get("issue_type") or bead.get("type") or "task")
-    if _labels(bead) & RED_LABELS and kind != "bug":
+    if kind != "bug" and _has_label(bead, RED_LABELS):
         kind = "gate-fix"
+    description = bead.get("description")
+    created_at = bead.get("created_at")
     return WorkItem(
         source="beads",
         ref=f"bead:{bead_id}",
-        title=clean_text(f"{bead_id}: {bead.get('title', '')}"),
-        description=str(bead.get("description") or "")[:4000],
+        title=fast_clean(f"{bead_id}: {bead.get('title', '')}"),
+        description=(description if type(description) is str else str(description or ""))[:4000],
         type=kind,
         severity=_PRIORITY_SEVERITY.get(_priority(bead), "low"),
-        created_at=bead.get("created_at") if isinstance(bead.get("created_at"), str) else None,
-        data=dict(bead),
+        created_at=created_at if isinstance(created_at, str) else None,
+        data=bead if type(bead) is dict else dict(bead),
     )
 
 
@@ -95,6 +104,8 @@ class BeadsSource:
         self.repo = repo
         self.timeout_s = timeout_s
         self.env = dict(env)
+        self._last_raw: bytes | None = None  # the tracker's last output, and its items
+        self._last_items: list[WorkItem] = []
 
     def _run(self, argv: list[str]) -> bytes:
         return run_capture(argv, cwd=self.repo, env=self.env, timeout_s=self.timeout_s)
@@ -103,7 +114,12 @@ class BeadsSource:
         argv = resolve_command(self.argv, which=lambda c: shutil.which(c, path=self.env.get("PATH")))
         if argv is None:
             return []
-        return [to_item(b) for b in rank(parse_ready(self._run(argv)))]
+        raw = self._run(argv)  # asked every time: the tracker is the source of truth
+        if raw != self._last_raw:  # the items are a function of the output alone
+            with gc_paused():  # parsed JSON is acyclic
+                self._last_items = [to_item(b) for b in rank(parse_ready(raw))]
+            self._last_raw = raw
+        return list(self._last_items)
 
     def _tool(self) -> list[str] | None:
         argv = resolve_command(self.argv, which=lambda c: shutil.which(c, path=self.env.get("PATH")))

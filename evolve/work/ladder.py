@@ -10,8 +10,9 @@ The metronome, the oscillation quarantine and restorative mode are filters appli
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,9 @@ from evolve.work.item import WorkItem, clean_text
 SOFT_REPEAT = 3
 HARD_REPEAT = 5
 QUARANTINE_FLIPS = 3
+RUNNERS_UP = 5  # eligible items listed in ``considered`` after a rung's top (for --dry-run)
+LOOKAHEAD = 50  # items looked at past a rung's top while listing them
+RUNNER_UP = "runner-up"
 PRODUCTIVE = frozenset({"improved", "regressed", "harvested"})
 FINDING_SEVERITIES = frozenset({"high", "medium"})
 
@@ -146,27 +150,28 @@ def select(inp: LadderInput) -> Selection:
         if probe.error:
             errors.append(f"{rung}: {probe.error}")
             continue
-        items = _eligible(rung, probe.items, inp, considered, quarantine)
-        if not items:
+        top, after = _scan_rung(rung, probe.items, inp, considered, quarantine)
+        if top is None:
             continue
-        top = items[0]
         mode = work_mode(top)
         streak = trailing_streak(inp.trailing_modes, mode)
         if streak >= HARD_REPEAT:
+            considered.append(Considered(rung, top.ref, top.title, f"metronome hard block ({mode} x{streak})"))
+            considered.extend(after)
             if inp.rescope:
-                considered.append(Considered(rung, top.ref, top.title, f"metronome hard block ({mode} x{streak})"))
                 item = rescope_item(inp.rescope)
                 return done(item=item, rung="rescope", use_rescope=True, reason=f"RESCOPE overrides {mode} x{streak}")
-            considered.append(Considered(rung, top.ref, top.title, f"metronome hard block ({mode} x{streak})"))
             return done(blocked_mode=mode, reason=f"{mode} repeated {streak} times; RESCOPE needed")
         if streak >= SOFT_REPEAT:
             # Every rung whose top repeats the mode is skipped (in quality mode the harvested source
             # is two rungs, and generated items are harvested items); the first one is the fallback.
             considered.append(Considered(rung, top.ref, top.title, f"metronome: rung skipped ({mode} x{streak})"))
+            considered.extend(after)
             if soft is None:
                 soft = (top, rung, streak)
             continue
         considered.append(Considered(rung, top.ref, top.title, "selected"))
+        considered.extend(after)
         return done(item=top, rung=rung, reason=f"top of the {rung} rung")
     if soft is not None:
         item, rung, streak = soft
@@ -174,34 +179,101 @@ def select(inp: LadderInput) -> Selection:
     return done()
 
 
-def _eligible(
+def _scan_rung(
     rung: str,
     items: Iterable[WorkItem],
     inp: LadderInput,
     considered: list[Considered],
     quarantine: list[tuple[WorkItem, int]],
-) -> list[WorkItem]:
-    out = []
-    for it in items:
+) -> tuple[WorkItem | None, list[Considered]]:
+    """The rung's first eligible item, and what to list after it.
+
+    Items skipped before the top get their verdict in ``considered``. The scan stops soon after
+    the top: it lists up to :data:`RUNNERS_UP` eligible runners-up (and the verdicts met on the way),
+    looking at no more than :data:`LOOKAHEAD` items past the top, so a long rung is never walked to
+    its end. Only goals still due to be reported as quarantined are looked for further (on the goals
+    rung), so that the quarantine report stays what a full scan would give.
+    """
+    rest = iter(items)
+    top: WorkItem | None = None
+    for it in rest:
         if not _in_rung(rung, it, inp.quality):
             continue
-        verdict = None
-        if it.ref in inp.excluded:
-            verdict = "scouted earlier in this cycle"
-        elif it.source == "directive" and it.ref in inp.landed:
-            verdict = "directive already landed in this GOALS era"
-        elif inp.restorative and not it.is_red_reducing:
-            verdict = "restorative mode: does not reduce red"
-        elif it.source == "goal" and inp.goal_flips.get(it.ref, 0) >= QUARANTINE_FLIPS:
-            flips = inp.goal_flips[it.ref]
-            verdict = f"quarantined ({flips} improved->regressed flips)"
-            if it.ref not in inp.quarantined_logged and all(q.ref != it.ref for q, _ in quarantine):
-                quarantine.append((it, flips))
-        if verdict:
-            considered.append(Considered(rung, it.ref, it.title, verdict))
+        verdict = _verdict(it, inp, quarantine)
+        if verdict is None:
+            top = it
+            break
+        considered.append(Considered(rung, it.ref, it.title, verdict))
+    if top is None:
+        return None, []
+    after: list[Considered] = []
+    runners = seen = 0
+    for it in rest:
+        if runners >= RUNNERS_UP or seen >= LOOKAHEAD:
+            _find_quarantined(rung, itertools.chain((it,), rest), inp, after, quarantine)
+            break
+        seen += 1
+        if not _in_rung(rung, it, inp.quality):
             continue
-        out.append(it)
-    return out
+        verdict = _verdict(it, inp, quarantine)
+        if verdict is None:
+            runners += 1
+        after.append(Considered(rung, it.ref, it.title, verdict or RUNNER_UP))
+    return top, after
+
+
+def _find_quarantined(
+    rung: str,
+    rest: Iterator[WorkItem],
+    inp: LadderInput,
+    after: list[Considered],
+    quarantine: list[tuple[WorkItem, int]],
+) -> None:
+    """Past the listing: report the goals newly quarantined that the rest of the rung holds.
+
+    Goals come only on the goals rung; the other rungs are not walked for them.
+    """
+    if rung != "goals":
+        return
+    pending = set(_pending_quarantine(inp, quarantine))
+    if not pending:
+        return
+    for it in rest:
+        if it.ref in pending and _in_rung(rung, it, inp.quality):
+            pending.discard(it.ref)
+            verdict = _verdict(it, inp, quarantine)
+            if verdict is not None:
+                after.append(Considered(rung, it.ref, it.title, verdict))
+            if not pending:
+                return
+
+
+def _pending_quarantine(inp: LadderInput, quarantine: list[tuple[WorkItem, int]]) -> frozenset[str]:
+    """Goal refs that would be reported as newly quarantined and have not been yet."""
+    if not inp.goal_flips:
+        return frozenset()
+    reported = {q.ref for q, _ in quarantine}
+    return frozenset(
+        ref
+        for ref, flips in inp.goal_flips.items()
+        if flips >= QUARANTINE_FLIPS and ref not in inp.quarantined_logged and ref not in reported
+    )
+
+
+def _verdict(it: WorkItem, inp: LadderInput, quarantine: list[tuple[WorkItem, int]]) -> str | None:
+    """Why ``it`` is not eligible, or None; a goal met here quarantined for the first time is reported."""
+    if it.ref in inp.excluded:
+        return "scouted earlier in this cycle"
+    if it.source == "directive" and it.ref in inp.landed:
+        return "directive already landed in this GOALS era"
+    if inp.restorative and not it.is_red_reducing:
+        return "restorative mode: does not reduce red"
+    if it.source == "goal" and inp.goal_flips.get(it.ref, 0) >= QUARANTINE_FLIPS:
+        flips = inp.goal_flips[it.ref]
+        if it.ref not in inp.quarantined_logged and all(q.ref != it.ref for q, _ in quarantine):
+            quarantine.append((it, flips))
+        return f"quarantined ({flips} improved->regressed flips)"
+    return None
 
 
 def flips_by_ref(entries: Iterable[Mapping[str, Any]]) -> dict[str, int]:

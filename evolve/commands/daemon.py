@@ -1,0 +1,92 @@
+"""`evolve daemon`: fire one repository, or a fleet, on its ``schedule.cron`` until SIGTERM/SIGINT.
+
+Only the standard library at import time: ``evolve status`` imports this module to build its parser
+and must never pay for APScheduler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from evolve.errors import ConfigError, UsageError
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "daemon",
+        help="fire on schedule.cron in the foreground (APScheduler; systemd Type=notify)",
+        description="Fire each repository on its own schedule.cron until SIGTERM/SIGINT (exit 143/130). "
+        "Without --repos/--fleet: the --repo repository (or the cwd's).",
+    )
+    p.add_argument("--repos", nargs="+", type=Path, default=[], metavar="PATH", help="repositories to drive")
+    p.add_argument("--fleet", type=Path, default=None, metavar="FILE",
+                   help="a file listing repositories, one path a line (# comments; relative to the file)")
+    p.set_defaults(run=run)
+
+
+def read_fleet(path: Path) -> list[Path]:
+    """Repository paths from a fleet file: one a line, ``#`` comments, relative to the file's directory."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"--fleet {path}: cannot read: {exc.strerror or exc}") from exc
+    out = []
+    for line in text.splitlines():
+        entry = line.split("#", 1)[0].strip()
+        if entry:
+            p = Path(os.path.expanduser(entry))
+            out.append(p if p.is_absolute() else path.parent / p)
+    if not out:
+        raise UsageError(f"--fleet {path}: lists no repository")
+    return out
+
+
+def _job_name(repo: Path, taken: set[str]) -> str:
+    base = re.sub(r"[^A-Za-z0-9_.-]", "_", repo.name) or "repo"
+    name, n = base, 2
+    while name in taken:
+        name, n = f"{base}-{n}", n + 1
+    taken.add(name)
+    return name
+
+
+def run(args: argparse.Namespace) -> int:
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    from evolve import config, cronexpr, log
+    from evolve.cli import repo_of
+    from evolve.paths import Paths, git_toplevel
+    from evolve.scheduler import Daemon, RepoJob
+
+    starts = list(args.repos) + (read_fleet(args.fleet) if args.fleet else [])
+    if not starts:
+        repos = [repo_of(args)]
+    else:
+        repos = []
+        for start in starts:
+            if not start.is_dir():
+                raise UsageError(f"{start}: not a directory")
+            top = git_toplevel(start).resolve()
+            if top not in repos:
+                repos.append(top)
+    log.configure()
+    jobs, taken, grace = [], set(), 0.0
+    for repo in repos:
+        paths = Paths.for_repo(repo)
+        cfg = config.load(paths.config, os.environ)
+        sched = cfg.schedule
+        try:
+            spec = cronexpr.parse(sched.cron)
+        except ValueError as exc:
+            raise ConfigError(f"{paths.config}: schedule.cron {sched.cron!r}: {exc}") from exc
+        try:
+            ZoneInfo(sched.timezone)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ConfigError(f"{paths.config}: schedule.timezone {sched.timezone!r}: unknown time zone") from exc
+        jobs.append(RepoJob(_job_name(repo, taken), paths, spec, sched.timezone, sched.jitter_s))
+        grace = max(grace, cfg.daemon.grace_s)
+    return Daemon(jobs, grace_s=grace).run()

@@ -1,0 +1,48 @@
+"""``evolve doctor``: preflight checks, each an OK / WARN / FAIL line with the fix (exit 1 on any FAIL)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "doctor",
+        help="preflight: agent, CLAUDECODE, tracker, git, state dir, config, autocompact, schedule",
+        description="Check the setup. Each line is OK, WARN or FAIL with the fix; exit 1 when anything FAILs.",
+    )
+    p.add_argument("--json", action="store_true", help="a JSON array of {check, level, message, fix}")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+    import sys
+    from pathlib import Path
+
+    from evolve.cli import repo_of
+    from evolve.doctor import diagnose, exit_code
+    from evolve.errors import UsageError
+
+    try:
+        repo = repo_of(args)
+    except UsageError:
+        repo = (args.repo if args.repo is not None else Path.cwd()).resolve()
+        if not repo.is_dir():
+            raise
+    findings = diagnose(repo, os.environ)
+    if args.json:
+        import orjson
+
+        sys.stdout.buffer.write(orjson.dumps([f.as_json() for f in findings], option=orjson.OPT_INDENT_2) + b"\n")
+    else:
+        from evolve.status import term_safe
+
+        for f in findings:
+            print(term_safe(f.line()))
+        fails = sum(f.level == "FAIL" for f in findings)
+        warns = sum(f.level == "WARN" for f in findings)
+        print(f"\n{fails} FAIL, {warns} WARN, {len(findings) - fails - warns} OK")
+    sys.stdout.flush()
+    return exit_code(findings)

@@ -1,0 +1,179 @@
+"""`evolve install systemd|cron|kubernetes`: the deploy templates rendered for this repository.
+
+Absolute paths, this environment's ``evolve``, and ``schedule.cron`` (or ``--schedule``) converted
+for the target; written where the target reads them, or printed with ``--print``. Standard library
+only at import time (``evolve status`` builds its parser from this module).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from evolve.errors import ConfigError, UsageError
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "install",
+        help="render systemd units, a crontab line or a Kubernetes CronJob for this repository",
+        description="Render the deploy templates for this repository and write them where they belong "
+        "(or print them with --print), then say the one command that enables them.",
+    )
+    p.add_argument("kind", choices=["systemd", "cron", "kubernetes"])
+    p.add_argument("--user", action="store_true", help="systemd user units / a user crontab (default: system-wide)")
+    p.add_argument("--print", dest="print_only", action="store_true",
+                   help="print each file after a line `# <file name>`; write nothing")
+    p.add_argument("--schedule", metavar="CRON", default=None, help="a cron expression instead of schedule.cron")
+    p.add_argument("--daemon", action="store_true",
+                   help="systemd: the long-running `evolve daemon` unit instead of a timer and a oneshot service")
+    p.add_argument("--name", default=None, help="instance / job name (default: the repository directory's name)")
+    p.add_argument("--dest", type=Path, default=None, metavar="DIR", help="write into DIR instead")
+    p.add_argument("--image", default="evolve:latest", help="kubernetes: an image with git, evolve and the agent CLI")
+    p.set_defaults(run=run)
+
+
+def _evolve_command() -> str:
+    """This environment's ``evolve`` script (next to the running interpreter), never a PATH lookup at fire time."""
+    import shutil
+
+    beside = Path(sys.executable).parent / "evolve"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which("evolve")
+    if found:
+        return str(Path(found).resolve())
+    return f"{sys.executable} -m evolve"
+
+
+def _search_path(evolve: str, agent_argv: list[str], runner: str) -> str:
+    """evolve's directory, the agent binary's, then the usual system ones: what cron and systemd lack."""
+    import shutil
+
+    dirs = [str(Path(evolve.split()[0]).parent)]
+    if runner != "http" and agent_argv:
+        found = shutil.which(agent_argv[0])
+        if found:
+            dirs.append(str(Path(found).parent))
+    dirs += ["/usr/local/bin", "/usr/bin", "/bin"]
+    return ":".join(dict.fromkeys(dirs))
+
+
+def _git_url(repo: Path) -> str:
+    import subprocess
+
+    out = subprocess.run(["git", "remote", "get-url", "origin"], cwd=repo, capture_output=True, text=True, check=False)
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+def _config_home() -> Path:
+    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+
+
+def _where(args: argparse.Namespace) -> Path:
+    if args.dest is not None:
+        return args.dest
+    if args.kind == "systemd":
+        return _config_home() / "systemd" / "user" if args.user else Path("/etc/systemd/system")
+    if args.kind == "cron":
+        return _config_home() / "evolve" / "cron" if args.user else Path("/etc/cron.d")
+    return _config_home() / "evolve" / "kubernetes"
+
+
+def _enable_hint(args: argparse.Namespace, where: Path, files: list[str], name: str) -> str:
+    paths = [where / f for f in files]
+    if args.kind == "systemd":
+        ctl = "systemctl --user" if args.user else "systemctl"
+        unit = next(f for f in files if f.endswith((".timer", "daemon@" + name + ".service")))
+        if args.dest is not None:
+            # Outside the unit search path: link the files in, then enable.
+            cmd = f"{ctl} link {' '.join(str(p) for p in paths)} && {ctl} enable --now {unit}"
+        else:
+            cmd = f"{ctl} daemon-reload && {ctl} enable --now {unit}"
+        extra = "\n(a user unit runs while you are logged out only after `loginctl enable-linger`)" if args.user else ""
+        return f"enable: {cmd}{extra}"
+    if args.kind == "cron":
+        if not args.user:
+            if args.dest is None:
+                return f"enabled: cron reads {paths[0]} on its own"
+            return f"enable: install -m 0644 {paths[0]} /etc/cron.d/"
+        f = paths[0]
+        return (f"enable: (crontab -l 2>/dev/null | grep -vxF -f {f} | grep -v ' # evolve:{name}$'; cat {f}) "
+                "| crontab -")
+    return f"enable: kubectl apply -f {paths[0]}"
+
+
+def run(args: argparse.Namespace) -> int:
+    import getpass
+
+    from evolve import config, cronexpr, deploy, exitcodes
+    from evolve.cli import repo_of
+    from evolve.paths import Paths
+    from evolve.store.atomic import atomic_write_bytes
+
+    if args.daemon and args.kind != "systemd":
+        raise UsageError("--daemon is for `evolve install systemd`")
+    repo = repo_of(args).resolve()
+    paths = Paths.for_repo(repo)
+    cfg = config.load(paths.config, os.environ)
+    expr = args.schedule if args.schedule is not None else cfg.schedule.cron
+    try:
+        cronexpr.parse(expr)
+    except ValueError as exc:
+        if args.schedule is not None:
+            raise UsageError(f"--schedule {expr!r}: {exc}") from exc
+        raise ConfigError(f"{paths.config}: schedule.cron {expr!r}: {exc}") from exc
+    name = args.name or re.sub(r"[^A-Za-z0-9_.:-]", "_", repo.name) or "repo"
+    if not re.fullmatch(r"[A-Za-z0-9_.:-]+", name):
+        raise UsageError(f"--name {name!r}: use letters, digits and _ . : - only")
+    evolve = _evolve_command()
+    target = deploy.Target(
+        name=name,
+        repo=str(repo),
+        state_dir=str(paths.evolve_dir),
+        evolve=evolve,
+        path=_search_path(evolve, cfg.agent.argv, cfg.agent.runner),
+        home=str(Path.home()),
+        cron=expr,
+        timezone=cfg.schedule.timezone,
+        jitter_s=cfg.schedule.jitter_s,
+        grace_s=cfg.daemon.grace_s,
+        runtime_cap_s=deploy.runtime_cap_s(cfg),
+        user=None if args.user else getpass.getuser(),
+        user_mode=args.user,
+        image=args.image,
+        git_url=_git_url(repo) if args.kind == "kubernetes" else "",
+        # The daemon reads its schedule from config; --schedule goes in as the env layer, above the file.
+        extra_env={"EVOLVE_SCHEDULE_CRON": expr} if args.daemon and args.schedule is not None else {},
+    )
+    try:
+        if args.kind == "systemd":
+            files = deploy.systemd_units(target, daemon=args.daemon)
+        elif args.kind == "cron":
+            files = deploy.crontab(target, system=not args.user)
+        else:
+            files = deploy.kubernetes(target)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    where = _where(args)
+    hint = _enable_hint(args, where, list(files), name)
+    if args.print_only:
+        out = []
+        for fname, text in files.items():
+            out.append(f"# {fname}\n{text}")
+        sys.stdout.write("\n".join(out))
+        print(f"(write to {where}) {hint}", file=sys.stderr)
+        return exitcodes.OK
+    for fname, text in files.items():
+        target_path = where / fname
+        try:
+            atomic_write_bytes(target_path, text.encode("utf-8"), mode=0o644)
+        except PermissionError as exc:
+            raise UsageError(f"cannot write {target_path}: permission denied (use --user, --dest or --print)") from exc
+        print(f"wrote {target_path}")
+    print(hint)
+    return exitcodes.OK

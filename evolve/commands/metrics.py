@@ -1,0 +1,41 @@
+"""``evolve metrics``: Prometheus text format on stdout, or ``evolve.prom`` written atomically into a directory."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "metrics",
+        help="Prometheus metrics (text format) on stdout, or --textfile DIR for node_exporter",
+        description="Print the metrics in the Prometheus text format, or write DIR/evolve.prom atomically "
+        "(temp file + rename) for node_exporter's textfile collector. With [metrics] textfile_dir set, every "
+        "fire rewrites it too.",
+    )
+    p.add_argument("--textfile", type=Path, default=None, metavar="DIR",
+                   help="write DIR/evolve.prom atomically instead of printing")
+    p.add_argument("--no-beads", action="store_true", help="do not run the tracker to count ready beads")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+    import sys
+
+    from evolve import metrics
+    from evolve.cli import repo_of
+    from evolve.paths import Paths
+    from evolve.status import load_config
+
+    paths = Paths.for_repo(repo_of(args))
+    cfg, _ = load_config(paths, os.environ)
+    if args.textfile is not None:
+        path = metrics.write_textfile(args.textfile, metrics.render(paths, cfg, os.environ, beads=not args.no_beads))
+        print(f"wrote {path}")
+    else:
+        sys.stdout.write(metrics.render(paths, cfg, os.environ, beads=not args.no_beads))
+        sys.stdout.flush()
+    return 0

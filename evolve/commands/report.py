@@ -1,0 +1,53 @@
+"""``evolve report``: one self-contained HTML file for the morning (inline SVG, no scripts, no network)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "report",
+        help="the morning report: one self-contained HTML file (timeline, cost, context, goals, work)",
+        description="Write one self-contained HTML file: a timeline of fires and cycles coloured by result, "
+        "hand-offs and halts marked, cost and context-% charts, the goals trajectory, the work done and parked. "
+        "No scripts, no external assets, no network.",
+    )
+    p.add_argument("--since", default="24h", metavar="WHEN", help="window start: 90m, 24h, 7d or an ISO time "
+                   "(default 24h)")
+    p.add_argument("-o", "--output", type=Path, default=None, metavar="FILE",
+                   help="where to write it (default .agents/evolve/report.html; - for stdout)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+    import sys
+    import time
+
+    from evolve.cli import repo_of
+    from evolve.errors import UsageError
+    from evolve.paths import Paths
+    from evolve.report import build, render_html
+    from evolve.status import parse_since
+    from evolve.store.atomic import atomic_write_bytes
+
+    now = time.time()
+    try:
+        since = parse_since(args.since, now)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    if since >= now:
+        raise UsageError("--since must be in the past")
+    paths = Paths.for_repo(repo_of(args))
+    html = render_html(build(paths, since=since, now=now, env=os.environ))
+    if args.output is not None and str(args.output) == "-":
+        sys.stdout.write(html)
+        sys.stdout.flush()
+        return 0
+    out = args.output if args.output is not None else paths.evolve_dir / "report.html"
+    atomic_write_bytes(out, html.encode("utf-8"), mode=0o644)
+    print(f"wrote {out}")
+    return 0

@@ -1,0 +1,181 @@
+"""The deploy templates (systemd, cron, Kubernetes): one text each, so `deploy/` and `evolve install` agree.
+
+``{{name}}`` placeholders are filled by :mod:`evolve.deploy`; everything else is literal.
+"""
+
+FIRE_SERVICE = """\
+# evolve: one fire (what `evolve fire` does) against a repository; started by evolve@{{instance}}.timer.
+{{rendered_note}}[Unit]
+Description=evolve: one fire against {{repo}}
+{{network}}
+[Service]
+Type=oneshot
+{{user}}WorkingDirectory={{repo}}
+Environment=PATH={{path}}
+ExecStart={{evolve}} --repo {{repo}} fire
+# 75: busy, rate-limited, try later; 143: stopped mid-cycle after recording `interrupted`.
+SuccessExitStatus=75 143
+# Type=oneshot has no start timeout by default: a hung agent must not block every later tick.
+TimeoutStartSec={{timeout_start}}
+# The agent's whole process tree goes on stop or timeout: no orphaned agent keeps editing the repo.
+KillMode=control-group
+SyslogIdentifier=evolve
+# Sandbox, inherited by the agent: no sudo, a read-only system, writes only to the repository and the
+# agent's own config.{{sandbox_note}}
+NoNewPrivileges=yes
+ProtectSystem=strict
+ReadWritePaths={{rw_paths}}
+PrivateTmp=yes
+"""
+
+FIRE_TIMER = """\
+# evolve: fire {{repo}} on a schedule (schedule.cron {{cron}}).
+{{rendered_note}}[Unit]
+Description=evolve: fire {{repo}} on a schedule
+
+[Timer]
+{{oncalendar}}
+# A fire missed while the machine was off runs once at boot.
+Persistent=true
+# Spreads a fleet's fires; a service still running when the timer elapses is not started again.
+RandomizedDelaySec={{delay}}
+{{accuracy}}
+[Install]
+WantedBy=timers.target
+"""
+
+DAEMON_SERVICE = """\
+# evolve daemon: fires {{repo}} on schedule.cron in-process (APScheduler), Type=notify with a watchdog.
+{{rendered_note}}[Unit]
+Description=evolve daemon: scheduled fires against {{repo}}
+{{network}}# A crash loop gives up instead of hammering the agent's API.
+StartLimitIntervalSec=600
+StartLimitBurst=5
+
+[Service]
+Type=notify
+NotifyAccess=main
+{{user}}WorkingDirectory={{repo}}
+Environment=PATH={{path}}
+{{extra_env}}ExecStart={{evolve}} --repo {{repo}} daemon
+# The daemon pings at half this from its scheduler loop; a stuck loop is killed and restarted.
+WatchdogSec=60
+# Crashes only: 75 (try later) and 78 (bad configuration) would hit the same wall again.
+Restart=on-failure
+RestartSec=30
+RestartPreventExitStatus=75 78
+SuccessExitStatus=75 143
+TimeoutStartSec=60
+# SIGTERM: stop claiming, interrupt the running agent, record `interrupted`, exit 143 within daemon.grace_s.
+TimeoutStopSec={{timeout_stop}}
+KillMode=control-group
+SyslogIdentifier=evolve
+# Sandbox, inherited by the agent (see evolve@.service).{{sandbox_note}}
+NoNewPrivileges=yes
+ProtectSystem=strict
+ReadWritePaths={{rw_paths}}
+PrivateTmp=yes
+
+[Install]
+WantedBy={{wanted_by}}
+"""
+
+CRONTAB = """\
+# evolve:{{name}}: one fire of {{repo}} per tick. Cron has a bare environment, so the line sets PATH and
+# cd's into the repo; the outer flock (its own file, not evolve's fire.lock) skips a tick while the last
+# one runs (exit 75), and evolve's own lock guards against every other trigger anyway. Times are cron's
+# local time (schedule.timezone {{timezone}} applies to the daemon and systemd only). Logs: JSON lines.
+{{schedule}} {{cron_user}}{{command}}  # evolve:{{name}}
+"""
+
+KUBERNETES = """\
+# evolve:{{name}}: one fire per tick as a Kubernetes CronJob. The repository and evolve's state live on
+# the PersistentVolumeClaim (ReadWriteOnce: evolve's flock is not reliable on NFS). Cluster-level STOP:
+#   kubectl patch cronjob evolve-{{name}} -p '{"spec":{"suspend":true}}'
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: evolve-{{name}}-work
+  labels:
+    app.kubernetes.io/name: evolve
+    app.kubernetes.io/instance: {{name}}
+spec:
+  accessModes: [ReadWriteOnce]
+  resources:
+    requests:
+      storage: 10Gi
+---
+apiVersion: batch/v1
+kind: CronJob
+metadata:
+  name: evolve-{{name}}
+  labels:
+    app.kubernetes.io/name: evolve
+    app.kubernetes.io/instance: {{name}}
+spec:
+  schedule: {{schedule}}
+  timeZone: {{timezone}}
+  # Never two fires at once; Replace would kill the running agent mid-cycle.
+  concurrencyPolicy: Forbid
+  # A fire that could not start this long after its time is skipped (the controller checks every ~10 s).
+  startingDeadlineSeconds: {{starting_deadline}}
+  suspend: false
+  successfulJobsHistoryLimit: 3
+  failedJobsHistoryLimit: 3
+  jobTemplate:
+    spec:
+      # The next tick retries, not the Job controller: a CronJob may start zero or two Jobs per tick,
+      # and evolve's lock plus its re-runnable cycle make both harmless.
+      backoffLimit: 0
+      activeDeadlineSeconds: {{active_deadline}}
+      template:
+        metadata:
+          labels:
+            app.kubernetes.io/name: evolve
+            app.kubernetes.io/instance: {{name}}
+        spec:
+          restartPolicy: Never
+          # SIGTERM: evolve interrupts the agent, records `interrupted` and exits 143 within this.
+          terminationGracePeriodSeconds: {{termination_grace}}
+          initContainers:
+            - name: clone
+              image: {{image}}
+              command: ["sh", "-c", "[ -d /work/repo/.git ] || git clone \\"$EVOLVE_GIT_URL\\" /work/repo"]
+              env:
+                - name: EVOLVE_GIT_URL
+                  value: {{git_url}}
+              volumeMounts:
+                - name: work
+                  mountPath: /work
+          containers:
+            - name: evolve
+              image: {{image}}
+              command: ["sh", "-c"]
+              args:
+                - |
+                  # sh is PID 1: forward SIGTERM to evolve (it interrupts the agent and records `interrupted`),
+                  # and count 75 (busy, rate-limited) as a skipped tick, not a failed Job.
+                  trap 'kill -TERM $pid 2>/dev/null' TERM INT
+                  evolve --repo /work/repo fire & pid=$!
+                  wait $pid; rc=$?
+                  while kill -0 $pid 2>/dev/null; do wait $pid; rc=$?; done
+                  [ $rc -eq 75 ] && rc=0
+                  exit $rc
+              env:
+                - name: HOME
+                  value: /work/home
+              envFrom:
+                # The agent's credentials (e.g. ANTHROPIC_API_KEY); never in this file.
+                - secretRef:
+                    name: evolve-agent
+                    optional: true
+              securityContext:
+                allowPrivilegeEscalation: false
+              volumeMounts:
+                - name: work
+                  mountPath: /work
+          volumes:
+            - name: work
+              persistentVolumeClaim:
+                claimName: evolve-{{name}}-work
+"""

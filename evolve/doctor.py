@@ -1,0 +1,364 @@
+"""``evolve doctor``: preflight checks, each an OK / WARN / FAIL line with the fix.
+
+Checks: the repository is git; the config is valid; the agent binary is found and runnable (and,
+for Claude Code, credentials exist and ``CLAUDECODE`` is unset); the work tracker; the state
+directory is writable and on a local filesystem (NFS and other network filesystems break the fire
+lock); halt markers; autocompact; the schedule (daemon, systemd timer or crontab). Exit 1 when any
+check FAILs, else 0.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+OK, WARN, FAIL = "OK", "WARN", "FAIL"
+NETWORK_FS = frozenset({
+    "nfs", "nfs4", "cifs", "smb3", "smbfs", "ncpfs", "afs", "9p", "ceph", "glusterfs", "lustre", "gpfs",
+    "fuse.sshfs", "fuse.glusterfs", "fuse.s3fs", "fuse.rclone", "fuse.gcsfuse", "davfs", "fuse.davfs2",
+})
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    level: str
+    message: str
+    fix: str = ""
+
+    def as_json(self) -> dict[str, str]:
+        return {"check": self.check, "level": self.level, "message": self.message, "fix": self.fix}
+
+    def line(self) -> str:
+        text = f"{self.level:<4}  {self.check:<12} {self.message}"
+        if self.fix and self.level != OK:
+            text += f"\n      {'':<12} fix: {self.fix}"
+        return text
+
+
+def _run(argv: list[str], *, cwd: Path | None = None, env: Mapping[str, str] | None = None,
+         timeout: float = 15) -> tuple[int | None, str]:
+    """(exit code or None when it could not run / timed out, first output line)."""
+    try:
+        p = subprocess.run(argv, cwd=cwd, env=dict(env) if env is not None else None, capture_output=True,
+                           text=True, timeout=timeout, check=False, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return None, f"timed out after {timeout:g}s"
+    except OSError as exc:
+        return None, str(exc)
+    out = (p.stdout.strip() or p.stderr.strip()).splitlines()
+    return p.returncode, out[0][:200] if out else ""
+
+
+def _which(cmd: str, env: Mapping[str, str]) -> str | None:
+    if os.sep in cmd:
+        return cmd if os.path.isfile(cmd) and os.access(cmd, os.X_OK) else None
+    return shutil.which(cmd, path=env.get("PATH"))
+
+
+# -- filesystem ------------------------------------------------------------------------------
+
+
+def _unescape_mount(field: str) -> str:
+    return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+
+
+def fs_type(path: Path, mountinfo: str | None = None) -> str | None:
+    """The filesystem type holding ``path`` (longest mount point prefix in /proc/self/mountinfo)."""
+    if mountinfo is None:
+        try:
+            mountinfo = Path("/proc/self/mountinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return None
+    target = str(path)
+    best, best_type = "", None
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        fields = left.split()
+        rfields = right.split()
+        if len(fields) < 5 or not rfields:
+            continue
+        mp = _unescape_mount(fields[4])
+        inside = target == mp or target.startswith(mp.rstrip("/") + "/") or mp == "/"
+        if inside and len(mp) >= len(best):
+            best, best_type = mp, rfields[0]
+    return best_type
+
+
+def check_state_dir(evolve_dir: Path, mountinfo: str | None = None) -> list[Finding]:
+    out = []
+    probe_dir = evolve_dir
+    existing = evolve_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not evolve_dir.exists():
+        if not existing.is_dir():
+            return [Finding("state dir", FAIL, f"{evolve_dir}: {existing} is not a directory",
+                            "point EVOLVE_DIR at a directory, or remove the file in the way")]
+        probe_dir = existing
+    if not probe_dir.is_dir():
+        return [Finding("state dir", FAIL, f"{probe_dir} is not a directory", "remove it, then run `evolve init`")]
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".doctor-", dir=probe_dir)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as exc:
+        return [Finding("state dir", FAIL, f"{probe_dir} is not writable ({exc.strerror})",
+                        f"make {probe_dir} writable by this user (chown/chmod), or set EVOLVE_DIR")]
+    where = f"{evolve_dir} writable" if probe_dir == evolve_dir else f"{evolve_dir} absent; {probe_dir} writable"
+    if probe_dir == evolve_dir:
+        out.append(Finding("state dir", OK, where))
+    else:
+        out.append(Finding("state dir", WARN, where, "run `evolve init` (the first fire also creates it)"))
+    kind = fs_type(probe_dir.resolve(), mountinfo)
+    if kind is None:
+        out.append(Finding("filesystem", WARN, "filesystem type unknown (no /proc/self/mountinfo)",
+                           "keep .agents/evolve on a local disk: the fire lock needs local flock"))
+    elif kind in NETWORK_FS or kind.startswith("nfs"):
+        out.append(Finding("filesystem", WARN, f"{probe_dir} is on {kind}, a network filesystem",
+                           "flock is unreliable there: put the repo (or EVOLVE_DIR) on a local disk"))
+    else:
+        out.append(Finding("filesystem", OK, f"{kind} (local)"))
+    return out
+
+
+# -- the agent -------------------------------------------------------------------------------
+
+
+def _claude_credentials(env: Mapping[str, str]) -> str | None:
+    for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN"):
+        if env.get(name):
+            return f"${name}"
+    if env.get("CLAUDE_CODE_USE_BEDROCK") or env.get("CLAUDE_CODE_USE_VERTEX"):
+        return "cloud provider env"
+    config_dir = Path(env["CLAUDE_CONFIG_DIR"]) if env.get("CLAUDE_CONFIG_DIR") else Path(
+        env.get("HOME") or Path.home()) / ".claude"
+    if (config_dir / ".credentials.json").is_file():
+        return str(config_dir / ".credentials.json")
+    for settings in (config_dir / "settings.json",):
+        try:
+            import orjson
+
+            obj = orjson.loads(settings.read_bytes())
+        except Exception:
+            continue
+        if isinstance(obj, dict) and (obj.get("apiKeyHelper") or (obj.get("env") or {}).get("ANTHROPIC_API_KEY")):
+            return f"{settings} (apiKeyHelper/env)"
+    return None
+
+
+def check_agent(cfg: Any, repo: Path, env: Mapping[str, str], run: Callable[..., tuple[int | None, str]] = _run
+                ) -> list[Finding]:
+    a = cfg.agent
+    out: list[Finding] = []
+    if a.runner == "http":
+        if not a.base_url:
+            out.append(Finding("agent", FAIL, "runner = http but [agent] base_url is empty",
+                               "set [agent] base_url to the OpenAI-compatible endpoint"))
+        else:
+            out.append(Finding("agent", OK, f"http runner, {a.base_url}"))
+        if not env.get(a.api_key_env):
+            out.append(Finding("agent auth", WARN, f"${a.api_key_env} is not set",
+                               f"export {a.api_key_env} in the service environment (or change [agent] api_key_env)"))
+        return out
+    if not a.argv:
+        return [Finding("agent", FAIL, "[agent] argv is empty", "set [agent] argv, e.g. [\"claude\"]")]
+    binary = a.argv[0]
+    path = _which(binary, env)
+    if path is None:
+        fix = ("install Claude Code (npm install -g @anthropic-ai/claude-code) or set [agent] argv to its path"
+               if a.runner == "claude" else "fix [agent] argv[0], or put it on the PATH evolve runs with")
+        return [Finding("agent", FAIL, f"{binary!r} not found on PATH", fix)]
+    if a.runner == "claude":
+        code, first = run([path, *a.argv[1:], "--version"], cwd=repo, env={k: v for k, v in env.items()
+                                                                            if k != "CLAUDECODE"})
+        if code != 0:
+            out.append(Finding("agent", FAIL, f"`{binary} --version` failed: {first or 'exit ' + str(code)}",
+                               "reinstall Claude Code, or check that node is on PATH"))
+        else:
+            out.append(Finding("agent", OK, f"{path} ({first})"))
+        cred = _claude_credentials(env)
+        if cred:
+            out.append(Finding("agent auth", OK, f"credentials: {cred}"))
+        else:
+            out.append(Finding("agent auth", WARN,
+                               "no Claude Code credentials found (\"Not logged in\" fails silently)",
+                               "run `claude` once as this user and /login, or set ANTHROPIC_API_KEY for the service"))
+    else:
+        out.append(Finding("agent", OK, f"command runner: {path}"))
+    return out
+
+
+def check_claudecode(env: Mapping[str, str]) -> Finding:
+    if env.get("CLAUDECODE"):
+        return Finding("CLAUDECODE", WARN, "CLAUDECODE is set: this shell runs inside a Claude Code session",
+                       "run evolve from a plain shell, cron or systemd (evolve strips it from the agent's env)")
+    return Finding("CLAUDECODE", OK, "not set")
+
+
+# -- the rest ----------------------------------------------------------------------------------
+
+
+def check_tracker(cfg: Any, repo: Path, env: Mapping[str, str]) -> Finding:
+    argv = list(cfg.work.beads_command)
+    if not argv:
+        return Finding("tracker", OK, "disabled ([work] beads_command = [])")
+    tool = _which(argv[0], env)
+    if tool is None and argv[0] == "bd":
+        tool = _which("br", env)
+        if tool is not None:
+            argv = ["br", *argv[1:]]
+    if tool is None:
+        has_beads = (repo / ".beads").is_dir()
+        level = FAIL if has_beads else WARN
+        msg = f"{argv[0]!r} not found" + (" but the repo has .beads/" if has_beads else "; the beads rung stays empty")
+        return Finding("tracker", level, msg,
+                       "install beads (bd) or set [work] beads_command; harvested work and GOALS still run")
+    code, first = _run([tool, *argv[1:]], cwd=repo, env=env, timeout=cfg.work.probe_timeout_s)
+    if code != 0:
+        return Finding("tracker", FAIL, f"`{' '.join(argv)}` failed: {first or 'exit ' + str(code)}",
+                       "run it by hand in the repo and fix what it says (e.g. `bd init`)")
+    return Finding("tracker", OK, f"{tool}")
+
+
+def check_markers(info: dict[str, Any]) -> list[Finding]:
+    out = []
+    fixes = {"KILL": "evolve resume --kill", "KILL(global)": "evolve resume --kill", "STOP": "evolve resume"}
+    for name, m in info.get("markers", {}).items():
+        if name in fixes:
+            if m.get("stale"):
+                out.append(Finding("marker", WARN, f"{name} is older than its TTL and ignored", fixes[name]))
+            else:
+                out.append(Finding("marker", WARN, f"{name} present: fires halt", fixes[name] + " when ready"))
+        elif name == "DORMANT":
+            out.append(Finding("marker", WARN, "DORMANT: no work was found three passes in a row",
+                               "add work (queue, beads, GOALS); the next fire clears DORMANT by itself"))
+    if info.get("breaker", {}).get("state") == "open":
+        out.append(Finding("breaker", WARN, f"failure breaker open until {info['breaker']['open_until']}",
+                           "look at `evolve history --result failed`; it closes by itself after the cooldown"))
+    return out
+
+
+def check_autocompact(info: dict[str, Any]) -> Finding:
+    ac = info.get("autocompact") or {}
+    state = str(ac.get("state", "unknown"))
+    detail = " ".join(str(ac[k]) for k in ("value", "source", "detail") if ac.get(k))
+    text = f"{state}{' (' + detail + ')' if detail else ''}"
+    if state == "CONFIGURED":
+        return Finding("autocompact", OK, text)
+    fix = "evolve setup --autocompact-pct 40 (writes .claude/settings.json); advisory only"
+    return Finding("autocompact", WARN, text, fix)
+
+
+def _crontab_lines(env: Mapping[str, str]) -> list[str]:
+    tool = _which("crontab", env)
+    if tool is None:
+        return []
+    try:
+        p = subprocess.run([tool, "-l"], capture_output=True, text=True, timeout=5, env=dict(env), check=False,
+                           stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if p.returncode != 0:
+        return []
+    return [ln for ln in p.stdout.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+
+
+def check_schedule(paths: Any, env: Mapping[str, str]) -> Finding:
+    from evolve.status import daemon_info, systemd_timers
+
+    d = daemon_info(paths)
+    if d is not None:
+        return Finding("schedule", OK, f"evolve daemon pid {d.get('pid')} (next fire {d.get('next_fire_at')})")
+    timers = systemd_timers()
+    if timers:
+        names = ", ".join(f"{t['unit']} ({t['scope']})" for t in timers)
+        return Finding("schedule", OK, f"systemd timer(s): {names}")
+    lines = _crontab_lines(env)
+    repo = str(paths.repo)
+    mine = [ln for ln in lines if "evolve" in ln and repo in ln]
+    if mine:
+        return Finding("schedule", OK, f"crontab: {mine[0][:160]}")
+    if any("evolve" in ln for ln in lines):
+        return Finding("schedule", WARN, "a crontab line runs evolve, but not for this repo",
+                       f"add `cd {repo} && evolve fire` to the crontab, or `evolve install cron`")
+    return Finding("schedule", WARN, "no schedule found (no daemon, systemd timer or crontab line)",
+                   "evolve install systemd --user (or cron), or run `evolve daemon`; `evolve fire` by hand works too")
+
+
+def check_git(repo: Path, env: Mapping[str, str]) -> list[Finding]:
+    code, first = _run(["git", "rev-parse", "--show-toplevel"], cwd=repo, env=env, timeout=10)
+    if code != 0:
+        return [Finding("git", FAIL, f"{repo} is not a git repository ({first})",
+                        "run evolve inside a git work tree, or pass --repo PATH (git init if it is new)")]
+    out = [Finding("git", OK, f"work tree {first}")]
+    code, _ = _run(["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=repo, env=env, timeout=10)
+    if code != 0:
+        out.append(Finding("git", WARN, "no commits yet", "make a first commit: evolve reverts and diffs against HEAD"))
+    try:
+        p = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo, capture_output=True,
+                           text=True, timeout=10, env=dict(env), check=False)
+        dirty = [ln for ln in p.stdout.splitlines() if ln.strip()]
+    except (OSError, subprocess.TimeoutExpired):
+        dirty = []
+    if dirty:
+        out.append(Finding("git", WARN, f"{len(dirty)} tracked file(s) modified",
+                           "commit or stash them: evolve never commits paths that were dirty before a cycle"))
+    return out
+
+
+def diagnose(repo: Path, env: Mapping[str, str]) -> list[Finding]:
+    """Every check, in order; never raises for a broken setup (that is what it reports)."""
+    from evolve.config import Config, load
+    from evolve.errors import ConfigError
+    from evolve.paths import Paths
+    from evolve.status import status
+
+    findings = check_git(repo, env)
+    if findings[0].level == FAIL:
+        return findings
+    paths = Paths.for_repo(repo, env=env)
+    try:
+        cfg = load(paths.config, env)
+        findings.append(Finding("config", OK, f"{paths.config}" + ("" if paths.config.exists() else " (defaults)")))
+    except ConfigError as exc:
+        cfg = Config()
+        findings.append(Finding("config", FAIL, " ".join(str(exc).split())[:300],
+                                "fix that key (see .agents/evolve/config.toml comments); fires exit 78 until then"))
+    findings += check_agent(cfg, repo, env)
+    findings.append(check_claudecode(env))
+    findings.append(check_tracker(cfg, repo, env))
+    findings += check_state_dir(paths.evolve_dir)
+    if cfg.metrics.textfile_dir:
+        from evolve.metrics import textfile_dir
+
+        d = textfile_dir(paths, cfg.metrics.textfile_dir)
+        ok = d.is_dir() and os.access(d, os.W_OK)
+        findings.append(Finding("metrics", OK if ok else FAIL, f"textfile_dir {d}" + ("" if ok else " not writable"),
+                                "create it and make it writable, or clear [metrics] textfile_dir"))
+    if cfg.notify.command:
+        tool = _which(cfg.notify.command[0], env)
+        findings.append(Finding("notify", OK if tool else FAIL, f"command {cfg.notify.command[0]!r}"
+                                + ("" if tool else " not found"), "fix [notify] command (an argv, not a shell line)"))
+    try:
+        info = status(paths, recent=1, env=env, probe_schedule=False)
+    except Exception as exc:  # a doctor reports, it does not crash
+        info = {}
+        findings.append(Finding("status", FAIL, f"cannot read the state: {type(exc).__name__}: {exc}"[:300],
+                                "look at .agents/evolve/session-state.json and cycle-history.jsonl"))
+    findings += check_markers(info)
+    findings.append(check_autocompact(info or {"autocompact": {}}))
+    findings.append(check_schedule(paths, env))
+    return findings
+
+
+def exit_code(findings: list[Finding]) -> int:
+    return 1 if any(f.level == FAIL for f in findings) else 0

@@ -1,0 +1,7 @@
+"""Harness context (SPEC §7, ADR 43 mapped onto the loop).
+
+``autocompact``: the ``.claude/settings.json`` writer and the detector of the harness's own
+autocompact threshold. ``hooks``: the SessionStart hook (nudge and post-compaction re-injection)
+as pure functions. ``handoff``: operator hand-offs (continue and fork), their artifacts, redaction
+and retention, and what they do to the next cycle. evolve never compacts anything itself.
+"""

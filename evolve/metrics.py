@@ -1,0 +1,319 @@
+"""Prometheus metrics in the text exposition format, for node_exporter's textfile collector.
+
+``evolve.prom`` is written atomically (temp file in the same directory, fsync, rename), with no
+timestamps inside: alert on ``node_textfile_mtime_seconds`` staleness and on
+``time() - evolve_last_success_timestamp_seconds``.
+
+Counters over the whole ledger are kept incrementally in ``metrics-cache.json`` (the byte offset read
+so far and the sums): each rewrite reads only the ledger lines appended since the last one. A ledger
+that shrank or changed before that offset is read again from the start.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from evolve.paths import Paths
+from evolve.status import UNSUCCESSFUL, load_config, status
+from evolve.store.atomic import atomic_write_bytes, write_json
+from evolve.timeutil import parse_iso
+
+TEXTFILE_NAME = "evolve.prom"
+CACHE_NAME = "metrics-cache.json"
+CACHE_VERSION = 1
+PROBE_BYTES = 64
+CHUNK = 1 << 20
+
+RESULTS = ("improved", "regressed", "harvested", "unchanged", "scout", "context-handoff", "quarantined", "failed",
+           "interrupted", "crashed")
+DURATION_BUCKETS = (30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1200.0, 1800.0, 3600.0)
+HALT_MARKERS = (("KILL", ("KILL", "KILL(global)")), ("STOP", ("STOP",)), ("DORMANT", ("DORMANT",)))
+
+
+# -- ledger counters, kept incrementally ------------------------------------------------------
+
+
+@dataclass
+class LedgerCounts:
+    ino: int = 0
+    offset: int = 0
+    probe: str = ""
+    results: dict[str, int] = field(default_factory=dict)
+    buckets: list[int] = field(default_factory=lambda: [0] * len(DURATION_BUCKETS))
+    duration_sum: float = 0.0
+    duration_count: int = 0
+    cost_total: float = 0.0
+    malformed: int = 0
+    last_cycle_ts: float | None = None
+    last_success_ts: float | None = None
+
+    def add(self, e: dict[str, Any]) -> None:
+        result = e.get("result")
+        result = result if isinstance(result, str) else "unknown"
+        self.results[result] = self.results.get(result, 0) + 1
+        d = e.get("duration_s")
+        if isinstance(d, int | float) and not isinstance(d, bool) and math.isfinite(d) and d >= 0:
+            self.duration_sum += float(d)
+            self.duration_count += 1
+            for i, le in enumerate(DURATION_BUCKETS):
+                if d <= le:
+                    self.buckets[i] += 1
+        c = e.get("cost_usd")
+        if isinstance(c, int | float) and not isinstance(c, bool) and math.isfinite(c) and c > 0:
+            self.cost_total += float(c)
+        ts = parse_iso(e.get("timestamp"))
+        if ts is not None:
+            self.last_cycle_ts = ts if self.last_cycle_ts is None else max(self.last_cycle_ts, ts)
+            if result not in UNSUCCESSFUL:
+                self.last_success_ts = ts if self.last_success_ts is None else max(self.last_success_ts, ts)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"version": CACHE_VERSION, **self.__dict__}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> LedgerCounts | None:
+        if not isinstance(obj, dict) or obj.get("version") != CACHE_VERSION:
+            return None
+        try:
+            out = cls(**{k: v for k, v in obj.items() if k != "version"})
+        except TypeError:
+            return None
+        if not isinstance(out.buckets, list) or len(out.buckets) != len(DURATION_BUCKETS):
+            return None
+        return out
+
+
+def _probe(fd: int, offset: int) -> str:
+    start = max(0, offset - PROBE_BYTES)
+    return os.pread(fd, offset - start, start).hex()
+
+
+def ledger_counts(paths: Paths, *, save_cache: bool = True) -> LedgerCounts:
+    """The whole ledger's counters, reading only what was appended since the cached offset."""
+    cache_path = paths.evolve_dir / CACHE_NAME
+    try:
+        fd = os.open(paths.ledger, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError):
+        return LedgerCounts()
+    try:
+        st = os.fstat(fd)
+        try:
+            cached = LedgerCounts.from_json(orjson.loads(cache_path.read_bytes()))
+        except (OSError, orjson.JSONDecodeError):
+            cached = None
+        counts = cached
+        if (
+            counts is None
+            or counts.ino != st.st_ino
+            or counts.offset > st.st_size
+            or _probe(fd, counts.offset) != counts.probe
+        ):
+            counts = LedgerCounts(ino=st.st_ino)
+        pos = counts.offset
+        carry = b""
+        while True:
+            chunk = os.pread(fd, CHUNK, pos + len(carry))
+            if not chunk:
+                break
+            data = carry + chunk
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                carry = data
+                continue
+            for line in data[:cut].split(b"\n"):
+                if not line.strip():
+                    continue
+                try:
+                    obj = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    counts.malformed += 1
+                    continue
+                if isinstance(obj, dict):
+                    counts.add(obj)
+                else:
+                    counts.malformed += 1
+            pos += cut + 1
+            carry = data[cut + 1:]
+        changed = pos != counts.offset or cached is None
+        counts.offset = pos
+        counts.probe = _probe(fd, pos)
+    finally:
+        os.close(fd)
+    if save_cache and changed and paths.evolve_dir.is_dir():
+        try:
+            write_json(cache_path, counts.as_json())
+        except OSError:
+            pass  # a cache, nothing more
+    return counts
+
+
+# -- ready work --------------------------------------------------------------------------------
+
+
+def ready_items(paths: Paths, cfg: Any, env: Mapping[str, str], *, beads: bool = True) -> dict[str, int]:
+    """Selectable items per source: the harvested queue, the tracker's ready beads, failing goals.
+
+    A source that cannot be read is left out (it is not zero).
+    """
+    out: dict[str, int] = {}
+    try:
+        from evolve.work.harvested import entry_items, item_selectable
+
+        n = 0
+        with open(paths.nextwork, "rb") as fh:
+            for line in fh:
+                try:
+                    obj = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    continue
+                if isinstance(obj, dict):
+                    n += sum(1 for it in entry_items(obj) if item_selectable(obj, it))
+        out["harvested"] = n
+    except FileNotFoundError:
+        out["harvested"] = 0
+    except Exception:
+        pass
+    if beads:
+        try:
+            from evolve.work.beads import BeadsSource
+
+            src = BeadsSource(cfg.work.beads_command, paths.repo, timeout_s=cfg.work.probe_timeout_s, env=env)
+            out["beads"] = len(src.candidates())
+        except Exception:
+            pass
+    try:
+        snap = orjson.loads((paths.evolve_dir / "fitness-latest.json").read_bytes())
+        failing = snap.get("summary", {}).get("failing") if isinstance(snap, dict) else None
+        if isinstance(failing, int) and not isinstance(failing, bool):
+            out["goals"] = failing
+    except FileNotFoundError:
+        out["goals"] = 0
+    except Exception:
+        pass
+    return out
+
+
+# -- the exposition format ---------------------------------------------------------------------
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _num(v: float) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, int):
+        return str(v)
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    if math.isnan(v):
+        return "NaN"
+    return repr(float(v))
+
+
+class Exposition:
+    """Families in order, each ``# HELP``, ``# TYPE`` and its samples."""
+
+    def __init__(self, base_labels: Mapping[str, str]) -> None:
+        self.base = dict(base_labels)
+        self.lines: list[str] = []
+
+    def _labels(self, labels: Mapping[str, str]) -> str:
+        merged = {**self.base, **labels}
+        if not merged:
+            return ""
+        return "{" + ",".join(f'{k}="{_escape(str(v))}"' for k, v in merged.items()) + "}"
+
+    def family(self, name: str, kind: str, help_text: str, samples: list[tuple[str, dict[str, str], float]]) -> None:
+        self.lines.append(f"# HELP {name} {help_text}")
+        self.lines.append(f"# TYPE {name} {kind}")
+        for sample_name, labels, value in samples:
+            self.lines.append(f"{sample_name}{self._labels(labels)} {_num(value)}")
+
+    def gauge(self, name: str, help_text: str, value: float, **labels: str) -> None:
+        self.family(name, "gauge", help_text, [(name, labels, value)])
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def render(paths: Paths, cfg: Any, env: Mapping[str, str], *, beads: bool = True, now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    counts = ledger_counts(paths)
+    info = status(paths, recent=1, env=env, now=now, probe_schedule=False)
+    x = Exposition({"repo": str(paths.repo)})
+
+    results = dict.fromkeys(RESULTS, 0)
+    results.update(counts.results)
+    x.family("evolve_cycles_total", "counter", "Cycles recorded in the ledger, by result.",
+             [("evolve_cycles_total", {"result": r}, n) for r, n in sorted(results.items())])
+    cumulative = [(_num(le), n) for le, n in zip(DURATION_BUCKETS, counts.buckets, strict=True)]
+    x.family(
+        "evolve_cycle_duration_seconds", "histogram", "Agent run time of the cycles that ran an agent.",
+        [("evolve_cycle_duration_seconds_bucket", {"le": le}, n) for le, n in cumulative]
+        + [("evolve_cycle_duration_seconds_bucket", {"le": "+Inf"}, counts.duration_count),
+           ("evolve_cycle_duration_seconds_sum", {}, counts.duration_sum),
+           ("evolve_cycle_duration_seconds_count", {}, counts.duration_count)],
+    )
+    x.family("evolve_agent_cost_usd_total", "counter", "Agent cost in USD as reported by the agent, all cycles.",
+             [("evolve_agent_cost_usd_total", {}, round(counts.cost_total, 6))])
+    x.gauge("evolve_last_cycle_timestamp_seconds", "When the newest ledger entry was recorded (0 = never).",
+            counts.last_cycle_ts or 0)
+    x.gauge("evolve_last_success_timestamp_seconds",
+            "When the newest cycle that did not fail, crash, regress or get interrupted was recorded (0 = never).",
+            counts.last_success_ts or 0)
+    markers = info["markers"]
+    x.family(
+        "evolve_halted", "gauge", "1 when this marker halts the next fire (KILL/STOP fresh, DORMANT present).",
+        [("evolve_halted", {"marker": label}, int(any(n in markers and not markers[n].get("stale") for n in names)))
+         for label, names in HALT_MARKERS],
+    )
+    x.gauge("evolve_handoff_pending", "1 while a HANDOFF marker waits for the next fire.", int("HANDOFF" in markers))
+    x.gauge("evolve_context_streak", "Consecutive context-heavy cycles in the current agent session.",
+            info["context_streak"])
+    x.gauge("evolve_context_streak_limit", "Heavy cycles that trigger a context hand-off.",
+            info["context_streak_limit"])
+    x.gauge("evolve_breaker_open", "1 while the failure breaker is open.", int(info["breaker"]["state"] == "open"))
+    x.gauge("evolve_consecutive_failures", "Failed cycles in a row (the breaker opens at its limit).",
+            info["consecutive_failures"])
+    x.gauge("evolve_status_health", "evolve status exit code: 0 healthy, 1 degraded, 75 halted.", info["exit_code"])
+    x.gauge("evolve_ledger_malformed_lines", "Malformed ledger lines skipped by the metrics reader.", counts.malformed)
+    ready = ready_items(paths, cfg, env, beads=beads)
+    x.family("evolve_items_ready", "gauge", "Selectable work items by source (a source that failed is absent).",
+             [("evolve_items_ready", {"source": s}, n) for s, n in sorted(ready.items())])
+    return x.text()
+
+
+def write_textfile(directory: Path, text: str, name: str = TEXTFILE_NAME) -> Path:
+    """Replace ``directory/name`` atomically: readers see the old file or the new one."""
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / name
+    atomic_write_bytes(target, text.encode("utf-8"), mode=0o644)
+    return target
+
+
+def textfile_dir(paths: Paths, configured: str) -> Path:
+    """``[metrics] textfile_dir``, relative paths taken from the repository root."""
+    p = Path(os.path.expanduser(configured))
+    return p if p.is_absolute() else paths.repo / p
+
+
+def update(paths: Paths, env: Mapping[str, str], directory: Path | None = None, *, cfg: Any = None,
+           beads: bool = True) -> Path | None:
+    """Recompute and rewrite ``evolve.prom`` (into ``directory`` or ``[metrics] textfile_dir``)."""
+    if cfg is None:
+        cfg, _ = load_config(paths, env)
+    if directory is None:
+        if not cfg.metrics.textfile_dir:
+            return None
+        directory = textfile_dir(paths, cfg.metrics.textfile_dir)
+    return write_textfile(directory, render(paths, cfg, env, beads=beads))

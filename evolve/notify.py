@@ -1,0 +1,198 @@
+"""Fire observers: notifications, the metrics textfile, and the fire journal the morning report reads.
+
+``observers_for(cfg, paths)`` builds them from the config; ``evolve fire`` and ``evolve daemon`` pass
+the list to :class:`evolve.cycle.fire.Fire`. Every observer is best effort: it logs what went wrong
+and never changes a fire's outcome or exit code.
+
+- **notify**: ``[notify] command`` (an argv, never a shell) runs on ``halt``, ``breaker.open``,
+  ``handoff.written`` and ``regression`` with the event as one JSON object on stdin, in its own
+  process group, killed after ``[notify] timeout_s``.
+- **metrics**: with ``[metrics] textfile_dir`` set, ``evolve.prom`` is rewritten after every fire.
+- **journal**: one line per fire in ``.agents/evolve/fires.jsonl`` (when it ended, why, how many
+  cycles, the halt and its detail), so the report can show fires that ran no cycle.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from evolve.paths import Paths
+from evolve.status import FIRES_FILE
+from evolve.timeutil import utc_iso
+
+Observer = Callable[[str, dict[str, Any]], None]
+NOTIFY_EVENTS = frozenset({"halt", "breaker.open", "handoff.written", "regression"})
+MAX_STDIN = 64 * 1024
+
+
+def _say(level: str, event: str, **fields: Any) -> None:
+    """Log, best effort: an observer must not fail because logging does."""
+    try:
+        from evolve import log
+
+        getattr(log.get("evolve.notify"), level)(event, **fields)
+    except Exception:
+        pass
+
+
+@dataclass(frozen=True)
+class NotifyResult:
+    ok: bool
+    exit_code: int | None = None
+    timed_out: bool = False
+    error: str = ""
+
+
+def run_notify(
+    argv: Sequence[str], payload: Mapping[str, Any], *, timeout_s: float, cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> NotifyResult:
+    """Run ``argv`` with ``payload`` as JSON on stdin; kill its process group after ``timeout_s``."""
+    data = orjson.dumps(dict(payload), default=str, option=orjson.OPT_APPEND_NEWLINE)[:MAX_STDIN]
+    child_env = dict(os.environ if env is None else env)
+    child_env["EVOLVE_EVENT"] = str(payload.get("event", ""))
+    if payload.get("repo"):
+        child_env["EVOLVE_REPO"] = str(payload["repo"])
+    try:
+        proc = subprocess.Popen(
+            list(argv), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            cwd=cwd, env=child_env, start_new_session=True,
+        )
+    except (OSError, ValueError) as exc:
+        return NotifyResult(False, error=f"{type(exc).__name__}: {exc}"[:300])
+    try:
+        _, err = proc.communicate(data, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.communicate()
+        return NotifyResult(False, proc.returncode, timed_out=True, error=f"timed out after {timeout_s:g}s")
+    if proc.returncode != 0:
+        text = err.decode("utf-8", "replace").strip()[:300]
+        return NotifyResult(False, proc.returncode, error=text or f"exit {proc.returncode}")
+    return NotifyResult(True, 0)
+
+
+class NotifyObserver:
+    def __init__(self, argv: Sequence[str], timeout_s: float, paths: Paths,
+                 env: Mapping[str, str] | None = None) -> None:
+        self.argv = list(argv)
+        self.timeout_s = timeout_s
+        self.paths = paths
+        self.env = env
+
+    def __call__(self, event: str, payload: dict[str, Any]) -> None:
+        if event not in NOTIFY_EVENTS:
+            return
+        body = {"timestamp": utc_iso(), **payload}
+        try:
+            r = run_notify(self.argv, body, timeout_s=self.timeout_s, cwd=self.paths.repo, env=self.env)
+        except Exception as exc:  # never break a fire
+            r = NotifyResult(False, error=f"{type(exc).__name__}: {exc}"[:300])
+        if r.ok:
+            _say("info", "notify.sent", notify_event=event)
+        else:
+            _say("warning", "notify.failed", notify_event=event, exit_code=r.exit_code, timed_out=r.timed_out,
+                 error=r.error)
+
+
+class MetricsObserver:
+    """Rewrites ``evolve.prom`` at the end of every fire."""
+
+    def __init__(self, paths: Paths, cfg: Any, env: Mapping[str, str] | None = None) -> None:
+        self.paths = paths
+        self.cfg = cfg
+        self.env = dict(os.environ if env is None else env)
+
+    def __call__(self, event: str, payload: dict[str, Any]) -> None:
+        if event != "fire.end":
+            return
+        from evolve import metrics
+
+        try:
+            path = metrics.update(self.paths, self.env, cfg=self.cfg)
+        except Exception as exc:
+            _say("warning", "metrics.failed", error=f"{type(exc).__name__}: {exc}"[:300])
+            return
+        if path is not None:
+            _say("debug", "metrics.written", path=str(path))
+
+
+class FireJournal:
+    """Appends one line per fire to ``fires.jsonl`` (what the morning report shows as fires)."""
+
+    def __init__(self, paths: Paths) -> None:
+        self.paths = paths
+        self._fires: dict[str, dict[str, Any]] = {}
+
+    def __call__(self, event: str, payload: dict[str, Any]) -> None:
+        fid = str(payload.get("fire_id", ""))
+        rec = self._fires.setdefault(fid, {"cycles_seen": [], "first_at": None, "halt_detail": None})
+        if event == "halt":
+            rec["halt_detail"] = payload.get("detail")
+        elif event == "cycle.end":
+            entry = payload.get("entry") or {}
+            if isinstance(entry.get("cycle"), int):
+                rec["cycles_seen"].append(entry["cycle"])
+            if rec["first_at"] is None:
+                rec["first_at"] = entry.get("timestamp")
+        elif event == "handoff.written":
+            rec["handoff_cycle"] = payload.get("cycle")
+        elif event == "fire.end":
+            self._fires.pop(fid, None)
+            reason = str(payload.get("reason", ""))
+            line = {
+                "fire_id": fid,
+                "ended_at": utc_iso(),
+                "reason": reason,
+                "halt": reason.split(":", 1)[1] if reason.startswith("halt:") else None,
+                "halt_detail": rec["halt_detail"],
+                "cycles": payload.get("cycles", 0),
+                "exit_code": payload.get("exit_code"),
+                "cost_usd": payload.get("cost_usd", 0.0),
+                "first_cycle": min(rec["cycles_seen"]) if rec["cycles_seen"] else None,
+                "last_cycle": max(rec["cycles_seen"]) if rec["cycles_seen"] else None,
+                "first_cycle_at": rec["first_at"],
+                "handoff_cycle": rec.get("handoff_cycle"),
+                "pid": os.getpid(),
+            }
+            append_line(self.paths.evolve_dir / FIRES_FILE, line)
+
+
+def append_line(path: Path, obj: Mapping[str, Any]) -> None:
+    """One ``os.write`` on an ``O_APPEND`` descriptor, then fsync (the ledger's discipline).
+
+    After a torn last line (a fire killed mid-write) the new line starts on a line of its own, so only
+    the torn one is lost, never the new one.
+    """
+    data = orjson.dumps(dict(obj), default=str, option=orjson.OPT_APPEND_NEWLINE)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            data = b"\n" + data
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def observers_for(cfg: Any, paths: Paths, env: Mapping[str, str] | None = None) -> list[Observer]:
+    """The observers a fire gets from the config: journal always, notify and metrics when configured."""
+    out: list[Observer] = [FireJournal(paths)]
+    if cfg.notify.command:
+        out.append(NotifyObserver(cfg.notify.command, cfg.notify.timeout_s, paths, env))
+    if cfg.metrics.textfile_dir:
+        out.append(MetricsObserver(paths, cfg, env))
+    return out

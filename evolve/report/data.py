@@ -1,0 +1,243 @@
+"""What the morning report shows, gathered from the ledger, the fire journal, the queue and the state.
+
+The ledger and the fire journal are read backwards and only as far as the window reaches.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from evolve.paths import Paths
+from evolve.status import FIRES_FILE, status
+from evolve.store.ledger import Ledger
+from evolve.timeutil import parse_iso
+
+MAX_ENTRIES = 5_000  # cycles in one report; older ones in the window are counted, not drawn
+
+
+@dataclass
+class Cycle:
+    entry: dict[str, Any]
+    end: float
+    start: float
+
+    @property
+    def result(self) -> str:
+        r = self.entry.get("result")
+        return r if isinstance(r, str) else "unknown"
+
+
+@dataclass
+class FireSpan:
+    fire_id: str
+    start: float
+    end: float
+    reason: str = ""
+    halt: str | None = None
+    halt_detail: str | None = None
+    cycles: int = 0
+    exit_code: int | None = None
+    cost_usd: float = 0.0
+    journaled: bool = False
+
+
+@dataclass
+class ReportData:
+    repo: str
+    since: float
+    now: float
+    status: dict[str, Any]
+    cycles: list[Cycle] = field(default_factory=list)
+    truncated: int = 0
+    fires: list[FireSpan] = field(default_factory=list)
+    parked: list[dict[str, Any]] = field(default_factory=list)
+    blocked: list[dict[str, Any]] = field(default_factory=list)
+    heavy_pct: float = 40.0
+
+    @property
+    def done(self) -> list[Cycle]:
+        return [c for c in self.cycles if c.result in ("improved", "harvested")]
+
+    @property
+    def handoffs(self) -> list[Cycle]:
+        return [c for c in self.cycles if c.result == "context-handoff"]
+
+    @property
+    def halts(self) -> list[FireSpan]:
+        return [f for f in self.fires if f.halt]
+
+    def counts(self) -> Counter[str]:
+        return Counter(c.result for c in self.cycles)
+
+    def cost(self) -> float:
+        return sum(_num(c.entry.get("cost_usd")) or 0.0 for c in self.cycles)
+
+
+def _num(v: object) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not abs(v) < 1e15:
+        return None
+    return float(v)
+
+
+def _window_entries(ledger: Ledger, since: float) -> tuple[list[dict[str, Any]], int]:
+    out: list[dict[str, Any]] = []
+    skipped = 0
+    for e in ledger.scan_back():
+        ts = parse_iso(e.get("timestamp"))
+        if ts is None:
+            continue
+        if ts < since:
+            break
+        if len(out) >= MAX_ENTRIES:
+            skipped += 1
+            continue
+        out.append(e)
+    out.reverse()
+    return out, skipped
+
+
+def _journal(paths: Paths, since: float) -> list[dict[str, Any]]:
+    out = []
+    for rec in Ledger(paths.evolve_dir / FIRES_FILE).scan_back():
+        ts = parse_iso(rec.get("ended_at"))
+        if ts is None:
+            continue
+        if ts < since:
+            break
+        out.append(rec)
+        if len(out) >= MAX_ENTRIES:
+            break
+    out.reverse()
+    return out
+
+
+def _fires(cycles: list[Cycle], journal: list[dict[str, Any]]) -> list[FireSpan]:
+    by_id: dict[str, list[Cycle]] = {}
+    for c in cycles:
+        fid = c.entry.get("fire_id")
+        if isinstance(fid, str) and fid:
+            by_id.setdefault(fid, []).append(c)
+    spans: list[FireSpan] = []
+    seen = set()
+    for rec in journal:
+        fid = str(rec.get("fire_id") or "")
+        end = parse_iso(rec.get("ended_at")) or 0.0
+        mine = by_id.get(fid, [])
+        start = min([c.start for c in mine] + [end])
+        cost = _num(rec.get("cost_usd")) or 0.0
+        code = rec.get("exit_code")
+        spans.append(FireSpan(
+            fire_id=fid, start=start, end=end, reason=str(rec.get("reason") or ""),
+            halt=rec.get("halt") if isinstance(rec.get("halt"), str) else None,
+            halt_detail=str(rec["halt_detail"]) if rec.get("halt_detail") else None,
+            cycles=rec.get("cycles") if isinstance(rec.get("cycles"), int) else len(mine),
+            exit_code=code if isinstance(code, int) else None, cost_usd=cost, journaled=True,
+        ))
+        seen.add(fid)
+    for fid, mine in by_id.items():
+        if fid in seen:
+            continue  # fires from before the journal existed, or run without observers
+        last = mine[-1]
+        spans.append(FireSpan(
+            fire_id=fid, start=min(c.start for c in mine), end=max(c.end for c in mine),
+            reason="context-handoff" if last.result == "context-handoff" else "",
+            cycles=len(mine), cost_usd=sum(_num(c.entry.get("cost_usd")) or 0.0 for c in mine),
+        ))
+    spans.sort(key=lambda f: (f.start, f.end))
+    return spans
+
+
+def _parked(paths: Paths, cycles: list[Cycle], parked_refs: list[Any]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for ref in parked_refs:
+        out.append({"ref": str(ref), "why": "context hand-off (resumes in a fresh session)", "source": "session"})
+    for c in cycles:
+        disp = c.entry.get("disposition")
+        if c.result == "scout" and isinstance(disp, str):
+            out.append({"ref": str(c.entry.get("work_ref") or ""), "title": str(c.entry.get("target") or ""),
+                        "why": f"scout: {disp}", "source": str(c.entry.get("selected_source") or ""),
+                        "cycle": c.entry.get("cycle")})
+        scouted = c.entry.get("scouted")
+        for s in scouted if isinstance(scouted, list) else []:
+            if isinstance(s, dict):
+                out.append({"ref": str(s.get("ref") or ""), "why": f"scout: {s.get('disposition')}",
+                            "cycle": c.entry.get("cycle"), "source": "scout"})
+        if c.result == "quarantined":
+            out.append({"ref": str(c.entry.get("work_ref") or ""), "title": str(c.entry.get("target") or ""),
+                        "why": f"quarantined goal ({c.entry.get('oscillations')} flips)", "cycle": c.entry.get("cycle"),
+                        "source": "goal"})
+    try:
+        from evolve.work.harvested import entry_items, item_ref
+
+        with open(paths.nextwork, "rb") as fh:
+            for line in fh:
+                try:
+                    obj = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    continue
+                if not isinstance(obj, dict):
+                    continue
+                for it in entry_items(obj):
+                    disp = it.get("disposition")
+                    if it.get("status") == "blocked" or (isinstance(disp, str) and disp.startswith("defer:")):
+                        out.append({"ref": item_ref(obj, it), "title": str(it.get("title") or ""),
+                                    "why": str(it.get("note") or it.get("park_note") or disp or "blocked"),
+                                    "source": "harvested"})
+    except (OSError, ImportError):
+        pass
+    seen = set()
+    unique = []
+    for p in out:
+        key = (p["ref"], p["why"])
+        if key not in seen:
+            seen.add(key)
+            unique.append(p)
+    return unique[:500]
+
+
+def _blocked(paths: Paths, since: float) -> list[dict[str, Any]]:
+    out = []
+    for rec in Ledger(paths.blocked).scan_back():
+        ts = parse_iso(rec.get("timestamp"))
+        if ts is None:
+            continue
+        if ts < since or len(out) >= 200:
+            break
+        out.append(rec)
+    out.reverse()
+    return out
+
+
+def build(paths: Paths, *, since: float, now: float | None = None, env: Mapping[str, str] | None = None
+          ) -> ReportData:
+    env = os.environ if env is None else env
+    now = time.time() if now is None else now
+    info = status(paths, recent=5, env=env, now=now, probe_schedule=False)
+    entries, skipped = _window_entries(Ledger(paths.ledger), since)
+    cycles = []
+    for e in entries:
+        end = parse_iso(e.get("timestamp")) or now
+        dur = _num(e.get("duration_s")) or 0.0
+        cycles.append(Cycle(entry=e, end=end, start=max(since, end - max(dur, 0.0))))
+    from evolve.status import load_config
+
+    cfg, _ = load_config(paths, env)
+    return ReportData(
+        repo=str(paths.repo),
+        since=since,
+        now=now,
+        status=info,
+        cycles=cycles,
+        truncated=skipped,
+        fires=_fires(cycles, _journal(paths, since)),
+        parked=_parked(paths, cycles, list(info.get("parked_work") or [])),
+        blocked=_blocked(paths, since),
+        heavy_pct=float(cfg.context.heavy_pct),
+    )

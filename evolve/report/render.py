@@ -1,0 +1,467 @@
+"""The report as one HTML file: inline CSS and inline SVG, no scripts, no external references.
+
+A Content-Security-Policy meta tag (``default-src 'none'``) makes sure that nothing the page shows —
+work item titles, agent summaries — can make the browser fetch anything, even if it tried.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from evolve.report.data import Cycle, FireSpan, ReportData
+
+COLORS = {
+    "improved": "#2e9e44",
+    "harvested": "#1f77b4",
+    "unchanged": "#a0a0a0",
+    "scout": "#ff9f1c",
+    "context-handoff": "#8e44ad",
+    "quarantined": "#b8860b",
+    "regressed": "#e03131",
+    "failed": "#a61e1e",
+    "interrupted": "#6c757d",
+    "crashed": "#111111",
+}
+OTHER = "#cccccc"
+HALT = "#e03131"
+RESULT_ORDER = tuple(COLORS)
+
+W = 1100  # drawing width of every chart
+LEFT = 70
+RIGHT = 20
+
+
+def _secrets() -> list[str]:
+    try:
+        from evolve.secrets import secret_values
+
+        return secret_values()
+    except ImportError:  # pragma: no cover
+        return []
+
+
+_SECRET_VALUES: list[str] = []
+
+
+def t(value: Any) -> str:
+    """Escaped, secret-free text for element content and attribute values."""
+    text = "" if value is None else str(value)
+    try:
+        from evolve.secrets import redact
+
+        text = redact(text, _SECRET_VALUES)
+    except ImportError:  # pragma: no cover
+        pass
+    return html.escape(text, quote=True)
+
+
+def _utc(ts: float, fmt: str = "%Y-%m-%d %H:%M") -> str:
+    return time.strftime(fmt, time.gmtime(ts))
+
+
+def _dur(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    s = round(seconds)
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+def _num(v: object) -> float | None:
+    """A plottable number: finite and of a sane size (hostile ledgers carry 1e308), else None."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    f = float(v) if abs(v) < 1e15 else math.inf
+    return f if math.isfinite(f) else None
+
+
+def color(result: str) -> str:
+    return COLORS.get(result, OTHER)
+
+
+# -- axes ------------------------------------------------------------------------------------
+
+_TICKS = (300, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 2 * 86400, 7 * 86400, 14 * 86400, 30 * 86400)
+
+
+def time_ticks(t0: float, t1: float, want: int = 8) -> list[float]:
+    span = max(t1 - t0, 1.0)
+    step = next((s for s in _TICKS if span / s <= want), _TICKS[-1])
+    first = math.ceil(t0 / step) * step
+    out = []
+    x = first
+    while x <= t1:
+        out.append(float(x))
+        x += step
+    return out
+
+
+def nice_max(v: float) -> float:
+    if not v > 0 or not math.isfinite(v):
+        return 1.0
+    exp = 10.0 ** math.floor(math.log10(v))
+    for m in (1, 2, 2.5, 5, 10):
+        if v <= m * exp:
+            return m * exp
+    return 10 * exp
+
+
+# -- the timeline ------------------------------------------------------------------------------
+
+
+def timeline_svg(d: ReportData) -> str:
+    h = 190
+    t0, t1 = d.since, d.now
+    span = max(t1 - t0, 1.0)
+    inner = W - LEFT - RIGHT
+
+    def x(ts: float) -> float:
+        return LEFT + (min(max(ts, t0), t1) - t0) / span * inner
+
+    lane_fire, lane_cycle, lane_event, axis_y = 22, 62, 112, 150
+    out = [f'<svg id="timeline" class="chart" viewBox="0 0 {W} {h}" width="{W}" height="{h}" role="img" '
+           f'aria-label="timeline of fires and cycles">']
+    for label, y in (("fires", lane_fire + 9), ("cycles", lane_cycle + 14), ("events", lane_event + 4)):
+        out.append(f'<text class="lane" x="{LEFT - 8}" y="{y + 4}" text-anchor="end">{label}</text>')
+        out.append(f'<line class="lanebg" x1="{LEFT}" x2="{W - RIGHT}" y1="{y}" y2="{y}"/>')
+    for tick in time_ticks(t0, t1):
+        xx = x(tick)
+        fmt = "%m-%d" if (t1 - t0) > 3 * 86400 else "%H:%M"
+        if fmt == "%H:%M" and tick % 86400 == 0:
+            fmt = "%m-%d"
+        out.append(f'<line class="grid" x1="{xx:.1f}" x2="{xx:.1f}" y1="10" y2="{axis_y}"/>')
+        out.append(f'<text class="tick" x="{xx:.1f}" y="{axis_y + 16}" text-anchor="middle">'
+                   f'{_utc(tick, fmt)}</text>')
+    out.append(f'<line class="axis" x1="{LEFT}" x2="{W - RIGHT}" y1="{axis_y}" y2="{axis_y}"/>')
+    out.append(f'<text class="tick" x="{W - RIGHT}" y="{axis_y + 34}" text-anchor="end">UTC</text>')
+    for f in d.fires:
+        x0, x1 = x(f.start), x(f.end)
+        cls = "fire f-halt" if f.halt else "fire f-handoff" if f.reason == "context-handoff" else "fire"
+        tip = (f"fire {f.fire_id}: {_utc(f.start)}–{_utc(f.end, '%H:%M')} UTC, {f.cycles} cycle(s), "
+               f"end: {f.reason or '?'}" + (f" ({f.halt_detail})" if f.halt_detail else "")
+               + (f", ${f.cost_usd:.2f}" if f.cost_usd else ""))
+        out.append(f'<rect class="{cls}" data-fire="{t(f.fire_id)}" x="{x0:.1f}" y="{lane_fire}" '
+                   f'width="{max(x1 - x0, 4):.1f}" height="18" rx="3"><title>{t(tip)}</title></rect>')
+    for c in d.cycles:
+        x0, x1 = x(c.start), x(c.end)
+        e = c.entry
+        bits = [f"cycle {e.get('cycle')} {c.result}", str(e.get("target") or "")]
+        if _num(e.get("duration_s")) is not None:
+            bits.append(_dur(_num(e.get("duration_s"))))
+        if _num(e.get("cost_usd")) is not None:
+            bits.append(f"${_num(e.get('cost_usd')):.2f}")
+        if _num(e.get("context_pct")) is not None:
+            bits.append(f"context {_num(e.get('context_pct')):.0f}%")
+        if e.get("error_class"):
+            bits.append(f"error {e['error_class']}")
+        out.append(f'<rect class="cycle r-{t(c.result)}" data-cycle="{t(e.get("cycle"))}" data-result="{t(c.result)}" '
+                   f'x="{x0:.1f}" y="{lane_cycle}" width="{max(x1 - x0, 3):.1f}" height="28" '
+                   f'fill="{color(c.result)}"><title>{t(" · ".join(b for b in bits if b))}</title></rect>')
+    for c in d.handoffs:
+        xx = x(c.end)
+        tip = f"context hand-off at cycle {c.entry.get('cycle')}: {c.entry.get('milestone') or ''}"
+        out.append(f'<path class="marker handoff" d="M{xx - 7:.1f},{lane_event - 8} L{xx + 7:.1f},{lane_event - 8} '
+                   f'L{xx:.1f},{lane_event + 6} Z" fill="{COLORS["context-handoff"]}"><title>{t(tip)}</title></path>')
+    for f in d.halts:
+        xx = x(f.end)
+        out.append(f'<rect class="marker halt" x="{xx - 6:.1f}" y="{lane_event - 7}" width="12" height="12" '
+                   f'fill="{HALT}" transform="rotate(45 {xx:.1f} {lane_event - 1})"><title>'
+                   f'{t("halt: " + (f.halt or "") + (" — " + f.halt_detail if f.halt_detail else ""))}</title></rect>')
+    if not d.cycles and not d.fires:
+        out.append(f'<text class="empty" x="{W / 2:.0f}" y="{lane_cycle + 18}" text-anchor="middle">'
+                   f'no fires or cycles in this window</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def legend() -> str:
+    items = [f'<span class="key"><i style="background:{c}"></i>{t(r)}</span>' for r, c in COLORS.items()]
+    items.append(f'<span class="key"><i class="tri" style="border-top-color:{COLORS["context-handoff"]}"></i>'
+                 f'hand-off</span>')
+    items.append(f'<span class="key"><i class="dia" style="background:{HALT}"></i>halt</span>')
+    return '<div class="legend">' + "".join(items) + "</div>"
+
+
+# -- per-cycle charts --------------------------------------------------------------------------
+
+
+def _frame(svg_id: str, label: str, h: int, ymax: float, fmt: str, n: int, cycles: Sequence[Cycle]) -> list[str]:
+    out = [f'<svg id="{svg_id}" class="chart" viewBox="0 0 {W} {h}" width="{W}" height="{h}" role="img" '
+           f'aria-label="{t(label)}">']
+    top, bottom = 12, h - 28
+    for i in range(5):
+        v = ymax * i / 4
+        y = bottom - (bottom - top) * i / 4
+        out.append(f'<line class="grid" x1="{LEFT}" x2="{W - RIGHT}" y1="{y:.1f}" y2="{y:.1f}"/>')
+        out.append(f'<text class="tick" x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{fmt.format(v)}</text>')
+    out.append(f'<line class="axis" x1="{LEFT}" x2="{W - RIGHT}" y1="{bottom}" y2="{bottom}"/>')
+    if n:
+        step = max(1, math.ceil(n / 12))
+        for i in range(0, n, step):
+            xx = _cx(i, n)
+            out.append(f'<text class="tick" x="{xx:.1f}" y="{bottom + 16}" text-anchor="middle">'
+                       f'#{t(cycles[i].entry.get("cycle"))}</text>')
+    return out
+
+
+def _cx(i: int, n: int) -> float:
+    inner = W - LEFT - RIGHT
+    return LEFT + inner * (i + 0.5) / max(n, 1)
+
+
+def _empty(out: list[str], h: int, text: str) -> None:
+    out.append(f'<text class="empty" x="{W / 2:.0f}" y="{h / 2:.0f}" text-anchor="middle">{t(text)}</text>')
+
+
+def cost_svg(d: ReportData) -> str:
+    h = 220
+    top, bottom = 12, h - 28
+    costs = [_num(c.entry.get("cost_usd")) for c in d.cycles]
+    n = len(d.cycles)
+    total = 0.0
+    cum = []
+    for v in costs:
+        total += v or 0.0
+        cum.append(total)
+    ymax = nice_max(max([*cum, 0.0]) or 0.0)
+    out = _frame("cost-chart", "agent cost per cycle (bars) and cumulative (line), USD", h, ymax, "${:.2f}", n,
+                 d.cycles)
+    inner = W - LEFT - RIGHT
+    bw = max(1.0, min(24.0, inner / max(n, 1) * 0.7))
+    for i, (c, v) in enumerate(zip(d.cycles, costs, strict=True)):
+        if v is None or v <= 0:
+            continue
+        bh = (bottom - top) * v / ymax
+        tip = f"cycle {c.entry.get('cycle')}: ${v:.4f}"
+        out.append(f'<rect class="bar r-{t(c.result)}" x="{_cx(i, n) - bw / 2:.1f}" y="{bottom - bh:.1f}" '
+                   f'width="{bw:.1f}" height="{bh:.1f}" fill="{color(c.result)}"><title>{t(tip)}</title></rect>')
+    if n and total > 0:
+        pts = " ".join(f"{_cx(i, n):.1f},{bottom - (bottom - top) * v / ymax:.1f}" for i, v in enumerate(cum))
+        out.append(f'<polyline class="cum" points="{pts}"><title>{t(f"cumulative ${total:.2f}")}</title></polyline>')
+    else:
+        _empty(out, h, "no agent cost recorded in this window")
+    out.append("</svg>")
+    return "".join(out)
+
+
+def context_svg(d: ReportData) -> str:
+    h = 220
+    top, bottom = 12, h - 28
+    n = len(d.cycles)
+    out = _frame("context-chart", "context occupancy per cycle, percent", h, 100.0, "{:.0f}%", n, d.cycles)
+    y_heavy = bottom - (bottom - top) * min(d.heavy_pct, 100) / 100
+    out.append(f'<line class="threshold" x1="{LEFT}" x2="{W - RIGHT}" y1="{y_heavy:.1f}" y2="{y_heavy:.1f}">'
+               f'<title>{t(f"heavy at {d.heavy_pct:g}%")}</title></line>')
+    out.append(f'<text class="thr" x="{W - RIGHT - 4}" y="{y_heavy - 4:.1f}" text-anchor="end">'
+               f'heavy {d.heavy_pct:g}%</text>')
+    pts = []
+    for i, c in enumerate(d.cycles):
+        v = _num(c.entry.get("context_pct"))
+        if v is None:
+            continue
+        y = bottom - (bottom - top) * min(max(v, 0), 100) / 100
+        pts.append(f"{_cx(i, n):.1f},{y:.1f}")
+        heavy = c.entry.get("context_heavy") is True
+        sig = c.entry.get("context_signal")
+        tip = f"cycle {c.entry.get('cycle')}: {v:.0f}%" + (f" heavy ({sig})" if heavy else "")
+        out.append(f'<circle class="pt{" heavy" if heavy else ""}" cx="{_cx(i, n):.1f}" cy="{y:.1f}" '
+                   f'r="{5 if heavy else 3.5}"><title>{t(tip)}</title></circle>')
+    if pts:
+        out.insert(len(out) - len(pts), f'<polyline class="ctx" points="{" ".join(pts)}"/>')
+    else:
+        _empty(out, h, "no context readings in this window")
+    for c in d.handoffs:
+        i = d.cycles.index(c)
+        tip = f"hand-off at cycle {c.entry.get('cycle')}"
+        out.append(f'<line class="handoffline" x1="{_cx(i, n):.1f}" x2="{_cx(i, n):.1f}" y1="{top}" y2="{bottom}">'
+                   f'<title>{t(tip)}</title></line>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def goals_svg(d: ReportData) -> str:
+    h = 200
+    top, bottom = 12, h - 28
+    n = len(d.cycles)
+    carrying = [(i, c) for i, c in enumerate(d.cycles)
+                if _num(c.entry.get("goals_passing")) is not None and _num(c.entry.get("goals_total"))]
+    ymax = max([_num(c.entry.get("goals_total")) or 0 for _, c in carrying] + [1.0])
+    out = _frame("goals-chart", "goals passing per cycle", h, ymax, "{:.0f}", n, d.cycles)
+    pts = []
+    for i, c in carrying:
+        p, tot = _num(c.entry.get("goals_passing")) or 0, _num(c.entry.get("goals_total")) or 0
+        y = bottom - (bottom - top) * p / ymax
+        yt = bottom - (bottom - top) * tot / ymax
+        pts.append(f"{_cx(i, n):.1f},{y:.1f}")
+        out.append(f'<line class="total" x1="{_cx(i, n) - 6:.1f}" x2="{_cx(i, n) + 6:.1f}" y1="{yt:.1f}" '
+                   f'y2="{yt:.1f}"/>')
+        tip = f"cycle {c.entry.get('cycle')}: {p:.0f}/{tot:.0f} passing"
+        out.append(f'<circle class="goal r-{t(c.result)}" cx="{_cx(i, n):.1f}" cy="{y:.1f}" r="4" '
+                   f'fill="{color(c.result)}"><title>{t(tip)}</title></circle>')
+    if pts:
+        out.insert(len(out) - 2 * len(pts), f'<polyline class="goals" points="{" ".join(pts)}"/>')
+    else:
+        _empty(out, h, "no goal measurements in this window")
+    out.append("</svg>")
+    return "".join(out)
+
+
+# -- tables and the page -----------------------------------------------------------------------
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "") -> str:
+    if not rows:
+        return '<p class="none">none</p>'
+    th = "".join(f"<th>{h}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
+    return f'<table class="{cls}"><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _badge(result: str) -> str:
+    return f'<span class="badge" style="background:{color(result)}">{t(result)}</span>'
+
+
+def _cycle_row(c: Cycle) -> list[str]:
+    e = c.entry
+    cost = _num(e.get("cost_usd"))
+    pct = _num(e.get("context_pct"))
+    goals = f"{e['goals_passing']}/{e['goals_total']}" if _num(e.get("goals_passing")) is not None else ""
+    note = " ".join(str(x) for x in (e.get("error_class"), e.get("disposition"), e.get("milestone")) if x)
+    return [
+        t(e.get("cycle")), t(_utc(c.end, "%m-%d %H:%M")), _badge(c.result), t(e.get("target")),
+        t(e.get("selected_source")), t(_dur(_num(e.get("duration_s")))), "" if cost is None else t(f"${cost:.2f}"),
+        "" if pct is None else t(f"{pct:.0f}%"), t(goals), t(note[:200]),
+    ]
+
+
+def _fire_row(f: FireSpan) -> list[str]:
+    end = f.reason or ("?" if f.journaled else "(not journaled)")
+    return [t(_utc(f.start, "%m-%d %H:%M")), t(_dur(f.end - f.start)), t(f.fire_id), t(f.cycles),
+            f'<span class="{"halt" if f.halt else ""}">{t(end)}</span>', t(f.halt_detail or ""),
+            t("" if f.exit_code is None else f.exit_code), t(f"${f.cost_usd:.2f}" if f.cost_usd else "")]
+
+
+CSS = """
+*{box-sizing:border-box}
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;margin:0;background:#f6f7f9;
+color:#1d2330}
+main{max-width:1160px;margin:0 auto;padding:20px 24px 40px}
+h1{font-size:24px;margin:0 0 4px}h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #dde1e7;padding-bottom:4px}
+.meta{color:#596274;margin:0}
+.health{display:inline-block;padding:3px 10px;border-radius:4px;color:#fff;font-weight:600;margin-top:8px}
+.healthy{background:#2e9e44}.degraded{background:#d98e04}.halted{background:#e03131}
+.reasons{margin:6px 0 0;color:#3a4150}
+.cards{display:flex;flex-wrap:wrap;gap:10px;margin-top:14px}
+.card{background:#fff;border:1px solid #dde1e7;border-radius:6px;padding:8px 14px;min-width:120px}
+.card b{display:block;font-size:22px}.card span{color:#596274;font-size:12px}
+.chart{background:#fff;border:1px solid #dde1e7;border-radius:6px;display:block;max-width:100%;height:auto}
+.lane{font-size:12px;fill:#596274}.tick{font-size:11px;fill:#596274}.empty{font-size:14px;fill:#8a93a3}
+.lanebg{stroke:#eef0f3;stroke-width:18}.grid{stroke:#eef0f3}.axis{stroke:#9aa3b2}
+.fire{fill:#3d8fb3}.f-handoff{fill:#8e44ad}.f-halt{fill:#e03131}
+.cum{fill:none;stroke:#1d2330;stroke-width:2}.ctx{fill:none;stroke:#3d8fb3;stroke-width:1.5}
+.pt{fill:#3d8fb3}.pt.heavy{fill:#e03131}
+.threshold{stroke:#e03131;stroke-dasharray:6 4}.thr{font-size:11px;fill:#e03131}
+.handoffline{stroke:#8e44ad;stroke-dasharray:3 3}
+.goals{fill:none;stroke:#2e9e44;stroke-width:2}.total{stroke:#596274;stroke-width:2}
+.legend{margin:8px 0 0;display:flex;flex-wrap:wrap;gap:12px;font-size:12px;color:#3a4150}
+.key i{display:inline-block;width:12px;height:12px;border-radius:2px;margin-right:5px;vertical-align:-1px}
+.key i.tri{width:0;height:0;border-left:7px solid transparent;border-right:7px solid transparent;
+border-top:12px solid;border-radius:0;background:none}
+.key i.dia{transform:rotate(45deg) scale(.8)}
+table{border-collapse:collapse;width:100%;background:#fff;border:1px solid #dde1e7;font-size:13px}
+th,td{text-align:left;padding:4px 8px;border-bottom:1px solid #eef0f3;vertical-align:top}
+th{background:#eef0f3;font-weight:600}
+.badge{color:#fff;border-radius:3px;padding:1px 6px;font-size:12px;white-space:nowrap}
+span.halt{color:#e03131;font-weight:600}.none{color:#8a93a3}
+footer{margin-top:30px;color:#8a93a3;font-size:12px}
+"""
+
+
+def render_html(d: ReportData) -> str:
+    global _SECRET_VALUES
+    _SECRET_VALUES = _secrets()
+    st = d.status
+    counts = d.counts()
+    window = f"{_utc(d.since)} – {_utc(d.now)} UTC"
+    health = str(st.get("health", "healthy"))
+    cards = [
+        (len(d.fires), "fires"), (len(d.cycles), "cycles"), (counts.get("improved", 0), "improved"),
+        (counts.get("regressed", 0) + counts.get("failed", 0) + counts.get("crashed", 0), "regressed / failed"),
+        (len(d.handoffs), "hand-offs"), (len(d.halts), "halts"), (f"${d.cost():.2f}", "agent cost"),
+    ]
+    last_goal = next((c for c in reversed(d.cycles) if _num(c.entry.get("goals_passing")) is not None), None)
+    if last_goal is not None:
+        cards.append((f"{last_goal.entry['goals_passing']}/{last_goal.entry.get('goals_total')}", "goals passing"))
+    card_html = "".join(f'<div class="card"><b>{t(v)}</b><span>{t(k)}</span></div>' for v, k in cards)
+    by_result = ", ".join(f"{counts[r]} {r}" for r in [*RESULT_ORDER, *sorted(set(counts) - set(RESULT_ORDER))]
+                          if counts.get(r))
+    reasons = "".join(f"<li>{t(r)}</li>" for r in st.get("reasons") or [])
+    done_rows = [[t(c.entry.get("cycle")), _badge(c.result), t(c.entry.get("target")), t(c.entry.get("work_ref")),
+                  t(str(c.entry.get("sha") or c.entry.get("commit_sha") or "")[:12]),
+                  t(str(c.entry.get("summary") or "")[:240])] for c in d.done]
+    parked_rows = [[t(p.get("ref")), t(p.get("title", "")), t(p.get("why")), t(p.get("source", "")),
+                    t(p.get("cycle", ""))] for p in d.parked]
+    blocked_rows = [[t(b.get("cycle")), t(b.get("timestamp")), t(b.get("reason")), t(b.get("needed_context", ""))]
+                    for b in d.blocked]
+    markers = st.get("markers") or {}
+    marker_rows = [[t(name), t("sticky" if m.get("sticky") else "non-sticky"), t(_dur(m.get("age_s"))),
+                    t(m.get("effect")), t((m.get("content") or "").splitlines()[0] if m.get("content") else "")]
+                   for name, m in markers.items()]
+    truncated = (f'<p class="meta">{d.truncated} older cycle(s) in the window are not drawn.</p>'
+                 if d.truncated else "")
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
+        "img-src data:; form-action 'none'; base-uri 'none'\">",
+        '<meta name="referrer" content="no-referrer">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>evolve report — {t(d.repo)}</title>",
+        f"<style>{CSS}</style></head><body><main>",
+        f'<header id="summary"><h1>evolve — the night in one page</h1><p class="meta">{t(d.repo)} · {t(window)}'
+        f' · generated {t(_utc(d.now))} UTC</p>',
+        f'<div class="health {t(health)}">{t(health.upper())}</div>'
+        + (f'<ul class="reasons">{reasons}</ul>' if reasons else ""),
+        f'<div class="cards">{card_html}</div>',
+        f'<p class="meta">{t(by_result or "no cycles in this window")}</p></header>',
+        '<section id="timeline-section"><h2>Timeline</h2>',
+        timeline_svg(d),
+        legend(),
+        truncated,
+        "</section>",
+        '<section id="cost-section"><h2>Agent cost</h2>', cost_svg(d), "</section>",
+        '<section id="context-section"><h2>Context occupancy</h2>', context_svg(d), "</section>",
+        '<section id="goals-section"><h2>Goals trajectory</h2>', goals_svg(d), "</section>",
+        '<section id="done"><h2>Work done</h2>',
+        _table(["cycle", "result", "target", "work ref", "commit", "summary"], done_rows),
+        "</section>",
+        '<section id="parked"><h2>Parked and deferred</h2>',
+        _table(["ref", "title", "why", "source", "cycle"], parked_rows),
+        "</section>",
+        '<section id="state"><h2>Now</h2>',
+        _table(["marker", "kind", "age", "effect", "content"], marker_rows),
+        f'<p class="meta">context streak {t(st.get("context_streak"))}/{t(st.get("context_streak_limit"))} · '
+        f'breaker {t((st.get("breaker") or {}).get("state"))} · last cycle {t(st.get("last_logged_cycle"))} '
+        f'({t(st.get("last_result"))})</p>',
+        "</section>",
+        '<section id="fires"><h2>Fires</h2>',
+        _table(["start (UTC)", "length", "fire", "cycles", "ended", "halt detail", "exit", "cost"],
+               [_fire_row(f) for f in d.fires]),
+        "</section>",
+        '<section id="cycles"><h2>Cycles</h2>',
+        _table(["#", "time (UTC)", "result", "target", "source", "agent", "cost", "ctx", "goals", "note"],
+               [_cycle_row(c) for c in d.cycles]),
+        "</section>",
+        ('<section id="blocked"><h2>Blocked</h2>'
+         + _table(["cycle", "time", "reason", "needed"], blocked_rows) + "</section>") if blocked_rows else "",
+        "<footer>evolve report · self-contained: no scripts, no external assets, nothing fetched.</footer>",
+        "</main></body></html>",
+    ]
+    return "\n".join(p for p in parts if p) + "\n"

@@ -1,0 +1,384 @@
+"""`evolve daemon`: APScheduler 3.x fires each repository's ``schedule.cron`` in-process (SPEC §9).
+
+Each job is one :class:`~evolve.cycle.fire.Fire`, the same code and the same kernel lock as
+``evolve fire``, so a daemon and a cron line on one repo never overlap. SIGTERM/SIGINT are handled
+in the main thread, which is also the scheduler's loop: the handler stops claiming and tells every
+running fire to interrupt its agent's group; the loop then shuts the scheduler down without waiting,
+and the main thread waits a bounded grace for the fires to record ``interrupted``. Nothing ever calls
+``shutdown(wait=True)`` (no timeout, and fatal from a job thread).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import orjson
+from apscheduler.events import (
+    EVENT_JOB_ERROR,
+    EVENT_JOB_MAX_INSTANCES,
+    EVENT_JOB_MISSED,
+    EVENT_JOB_SUBMITTED,
+    JobEvent,
+)
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.jobstores.memory import MemoryJobStore
+from apscheduler.schedulers.blocking import BlockingScheduler
+from apscheduler.triggers.base import BaseTrigger
+from apscheduler.triggers.combining import OrTrigger
+from apscheduler.triggers.cron import CronTrigger
+
+from evolve import config, exitcodes, sdnotify
+from evolve import log as logmod
+from evolve.agent.process import group_alive
+from evolve.cronexpr import CronSpec, apscheduler_fields, max_interval_s, next_times
+from evolve.cycle.fire import Fire, FireOptions
+from evolve.notify import observers_for
+from evolve.paths import Paths
+from evolve.status import publish_daemon
+
+SIGNAL_EXIT = {signal.SIGTERM: exitcodes.SIGTERM, signal.SIGINT: exitcodes.SIGINT}
+AFTER_KILL_S = 3.0  # after KILLing a late fire's agent: time for the fire to record `interrupted`
+# The loop wakes at least this often, so a signal is acted on promptly even with the next fire hours
+# away: a handler must not wake it itself (it could interrupt the loop while it holds that very lock).
+POLL_S = 0.5
+
+
+@dataclass
+class RepoJob:
+    """One repository of the fleet: its own job, schedule and lock."""
+
+    name: str
+    paths: Paths
+    spec: CronSpec
+    timezone: str
+    jitter_s: int
+    last: str = ""
+
+    def trigger(self) -> Any:
+        jitter = self.jitter_s or None
+        if not has_dst(self.timezone):
+            fields = apscheduler_fields(self.spec)
+            if len(fields) == 1:
+                return CronTrigger(timezone=self.timezone, jitter=jitter, **fields[0])
+            # Cron's day-of-month OR weekday rule: the union of two triggers.
+            return OrTrigger([CronTrigger(timezone=self.timezone, **kw) for kw in fields], jitter=jitter)
+        # APScheduler 3.x's CronTrigger skips days around a DST change (#606; e.g. Berlin midnight on
+        # 2026-03-30, and the first of April for a monthly job): zones with DST use cron's own calendar.
+        return SpecTrigger(self.spec, self.timezone, jitter)
+
+    def misfire_grace_s(self) -> int:
+        """At least one interval: after any pause the latest missed run is still inside it, so it runs (coalesced)."""
+        return int(max_interval_s(self.spec, self.timezone)) + self.jitter_s + 1
+
+
+def has_dst(timezone: str) -> bool:
+    """Whether the zone's UTC offset changes within the next two years."""
+    tz = ZoneInfo(timezone)
+    now = dt.datetime.now(dt.UTC)
+    offsets = {(now + dt.timedelta(days=d)).astimezone(tz).utcoffset() for d in range(0, 731, 15)}
+    return len(offsets) > 1
+
+
+class SpecTrigger(BaseTrigger):
+    """CronTrigger's contract on :func:`evolve.cronexpr.next_times` (the calendar checked against systemd)."""
+
+    def __init__(self, spec: CronSpec, timezone: str, jitter: int | None = None) -> None:
+        self.spec = spec
+        self.timezone = ZoneInfo(timezone)
+        self.jitter = jitter
+
+    def get_next_fire_time(self, previous_fire_time: dt.datetime | None, now: dt.datetime) -> dt.datetime | None:
+        start = now
+        if previous_fire_time is not None:
+            start = min(now, previous_fire_time + dt.timedelta(microseconds=1))
+            if start == previous_fire_time:
+                start += dt.timedelta(microseconds=1)
+        # next_times is strictly after; fire times are whole seconds, so this is "at or after start".
+        found = next_times(self.spec, start.astimezone(self.timezone) - dt.timedelta(microseconds=1), 1)
+        return self._apply_jitter(found[0], self.jitter, now) if found else None
+
+    def __str__(self) -> str:
+        return f"cron[{self.spec.expr} {self.timezone.key}]"
+
+
+class _Scheduler(BlockingScheduler):
+    """A BlockingScheduler whose loop (the main thread) also drains and pings the watchdog.
+
+    ``_process_jobs`` is the one hook that runs on the scheduler's own thread after every wake-up;
+    pinging from there means a stuck loop stops the pings and systemd's watchdog notices.
+    """
+
+    def __init__(self, daemon: Daemon, **kw: Any) -> None:
+        super().__init__(**kw)
+        self._daemon = daemon
+
+    def _process_jobs(self) -> float | None:
+        if self._daemon.draining.is_set():
+            self._daemon.stopping()
+            self.shutdown(wait=False)  # from the loop's own thread; running fires are not waited for here
+            return None
+        wait = super()._process_jobs()
+        every = min(self._daemon.tick() or POLL_S, POLL_S)
+        return every if wait is None else min(wait, every)
+
+
+@dataclass
+class Daemon:
+    jobs: list[RepoJob]
+    grace_s: float
+    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    notifier: sdnotify.Notifier = field(default_factory=sdnotify.Notifier)
+
+    def __post_init__(self) -> None:
+        self.log = logmod.get("evolve.daemon")
+        self.stop = threading.Event()  # shared by every fire: set = interrupt the agent, record `interrupted`
+        self.draining = threading.Event()
+        self.force = threading.Event()
+        self.counts: Counter[str] = Counter()
+        self._counts_lock = threading.Lock()
+        self.signum: int | None = None
+        self.signalled_at: float | None = None
+        self._running: set[str] = set()
+        self._idle = threading.Condition()
+        self._ready_sent = False
+        self._last_ping = 0.0
+        self._sched: _Scheduler | None = None
+
+    # -- start ------------------------------------------------------------------------------
+
+    def build(self) -> _Scheduler:
+        first_tz = self.jobs[0].timezone if self.jobs else "UTC"
+        grace = {j.name: j.misfire_grace_s() for j in self.jobs}
+        sched = _Scheduler(
+            self,
+            timezone=first_tz,
+            jobstores={"default": MemoryJobStore()},  # rebuilt from config at every start: never shared
+            executors={"default": ThreadPoolExecutor(max_workers=max(1, len(self.jobs)))},
+            job_defaults={"max_instances": 1, "coalesce": True, "misfire_grace_time": max(grace.values(), default=60)},
+        )
+        for job in self.jobs:
+            sched.add_job(
+                self._run_fire,
+                trigger=job.trigger(),
+                args=[job],
+                id=job.name,
+                name=f"fire {job.paths.repo}",
+                misfire_grace_time=grace[job.name],
+                replace_existing=True,
+            )
+        sched.add_listener(
+            self._on_event, EVENT_JOB_MISSED | EVENT_JOB_ERROR | EVENT_JOB_MAX_INSTANCES | EVENT_JOB_SUBMITTED
+        )
+        self.log.info(
+            "daemon.start",
+            pid=os.getpid(),
+            jobs=[
+                {"name": j.name, "repo": str(j.paths.repo), "cron": j.spec.expr, "timezone": j.timezone,
+                 "jitter_s": j.jitter_s, "misfire_grace_s": grace[j.name]}
+                for j in self.jobs
+            ],
+            grace_s=self.grace_s,
+            notify=self.notifier.enabled,
+            watchdog_s=self.notifier.watchdog_interval_s,
+        )
+        return sched
+
+    def run(self) -> int:
+        """Block until a signal; the exit code is 143 (SIGTERM) or 130 (SIGINT)."""
+        if os.environ.get("EVOLVE_LOG_LEVEL", "").lower() == "debug":
+            logging.getLogger("apscheduler").setLevel(logging.DEBUG)
+        self._sched = self.build()
+        with self._signals():
+            self._sched.start()  # returns once the loop has shut the scheduler down
+            return self._drain()
+
+    @contextlib.contextmanager
+    def _signals(self):
+        old = {s: signal.signal(s, self._on_signal) for s in SIGNAL_EXIT}
+        try:
+            yield
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        """Main thread, between two bytecodes: only set flags no code of this thread ever holds a lock on."""
+        if self.signum is not None:
+            self.force.set()  # a second signal: stop waiting for the grace
+            return
+        self.signum = signum
+        self.signalled_at = time.monotonic()
+        self.draining.set()  # stop claiming: no new fire starts
+        self.stop.set()  # running fires TERM their agent's process group (KILL after a grace), record `interrupted`
+
+    def stopping(self) -> None:
+        """The loop noticed the signal: say so (the handler itself must not write logs)."""
+        name = signal.Signals(self.signum or signal.SIGTERM).name
+        self.log.info("daemon.signal", signal=name, action="drain", running=sorted(self._running))
+        self.notifier.stopping(f"stopping on {name}: {len(self._running)} fire(s) finishing")
+
+    # -- the loop's tick (main thread) ------------------------------------------------------
+
+    def tick(self) -> float | None:
+        """READY once, then WATCHDOG and STATUS; returns how soon the loop must run again."""
+        if not self._ready_sent:
+            self._ready_sent = True
+            self.notifier.ready(self.status_line())
+            for job in self.jobs:
+                self.publish(job)
+            self.log.info("daemon.ready", notify=self.notifier.enabled)
+        if not self.notifier.enabled:
+            return None
+        every = self.notifier.watchdog_interval_s
+        now = time.monotonic()
+        if every and now - self._last_ping >= every * 0.9:  # the loop may pass more often than needed
+            self._last_ping = now
+            self.notifier.watchdog()
+        self.notifier.status(self.status_line())
+        return every
+
+    def publish(self, job: RepoJob) -> None:
+        """Tell ``evolve status`` when this repo's next fire is (best effort: status only reads it)."""
+        nxt = self._sched.get_job(job.name) if self._sched is not None else None
+        when = getattr(nxt, "next_run_time", None)
+        try:
+            publish_daemon(job.paths, schedule=job.spec.expr,
+                           next_fire_at=when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if when else None)
+        except OSError as exc:
+            self.log.warning("daemon.publish_failed", job=job.name, error=str(exc)[:200])
+
+    def status_line(self) -> str:
+        nxt = []
+        if self._sched is not None:
+            for job in self._sched.get_jobs():
+                if job.next_run_time is not None:
+                    nxt.append((job.next_run_time, job.id))
+        parts = []
+        if nxt:
+            when, name = min(nxt)
+            parts.append(f"next {name} {when.astimezone(dt.UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}")
+        last = [j.last for j in self.jobs if j.last]
+        if last:
+            parts.append("last " + ", ".join(last))
+        c = self.counts
+        parts.append(
+            f"fires {c['fires']} ok {c['ok']} busy {c['busy']} interrupted {c['interrupted']} failed {c['failed']}"
+            f" errors {c['errors']} missed {c['missed']} max_instances {c['max_instances']}"
+        )
+        return "; ".join(parts)
+
+    # -- a job (executor thread) -------------------------------------------------------------
+
+    def _run_fire(self, job: RepoJob) -> int | None:
+        if self.draining.is_set():
+            return None  # submitted just before the signal: stop claiming
+        with self._idle:
+            self._running.add(job.name)
+        self._count("fires")
+        logmod.bind(daemon_job=job.name)
+        started = time.monotonic()
+        try:
+            env = sdnotify.child_env(self.env)
+            cfg = config.load(job.paths.config, env)  # edits to the agent config apply at the next fire
+            observers = observers_for(cfg, job.paths, env)  # journal, notifications, metrics: as `evolve fire`
+            outcome = Fire(job.paths, cfg, FireOptions(), env=env, stop=self.stop, observers=observers).run()
+            code = outcome.exit_code
+            kind = {exitcodes.OK: "ok", exitcodes.TEMPFAIL: "busy", exitcodes.SIGTERM: "interrupted",
+                    exitcodes.SIGINT: "interrupted"}.get(code, "failed")
+            self._count(kind)
+            stamp = dt.datetime.now(dt.UTC).strftime("%H:%M:%SZ")
+            job.last = f"{job.name} {outcome.reason or kind} (exit {code}) {stamp}"
+            self.log.info("daemon.fire_done", job=job.name, exit_code=code, reason=outcome.reason,
+                          cycles=outcome.cycles, duration_s=round(time.monotonic() - started, 3))
+            self.notifier.status(self.status_line())
+            self.publish(job)
+            return code
+        finally:
+            logmod.unbind("daemon_job")
+            with self._idle:
+                self._running.discard(job.name)
+                self._idle.notify_all()
+
+    def _count(self, kind: str) -> None:
+        with self._counts_lock:  # jobs and listeners run on several threads
+            self.counts[kind] += 1
+
+    def _on_event(self, event: JobEvent) -> None:
+        if event.code == EVENT_JOB_SUBMITTED:
+            times = [t.astimezone(dt.UTC).isoformat() for t in getattr(event, "scheduled_run_times", [])]
+            self.log.info("daemon.job_submitted", job=event.job_id, scheduled=times)
+            return
+        run_time = getattr(event, "scheduled_run_time", None)
+        when = run_time.astimezone(dt.UTC).isoformat() if run_time else None
+        if event.code == EVENT_JOB_MISSED:
+            self._count("missed")
+            self.log.warning("daemon.job_missed", job=event.job_id, scheduled=when)
+        elif event.code == EVENT_JOB_MAX_INSTANCES:
+            self._count("max_instances")
+            self.log.warning("daemon.job_max_instances", job=event.job_id, detail="the previous fire is still running")
+        elif event.code == EVENT_JOB_ERROR:
+            self._count("errors")
+            exc = getattr(event, "exception", None)
+            self.log.error("daemon.job_error", job=event.job_id, scheduled=when,
+                           error=f"{type(exc).__name__}: {str(exc)[:300]}", traceback=getattr(event, "traceback", ""))
+            for job in self.jobs:
+                if job.name == event.job_id:
+                    job.last = f"{job.name} error {type(exc).__name__}"
+
+    # -- shutdown (main thread) --------------------------------------------------------------
+
+    def _drain(self) -> int:
+        """Wait up to ``grace_s`` after the signal for running fires to record ``interrupted``; never longer."""
+        started = self.signalled_at or time.monotonic()
+        deadline = started + self.grace_s
+        with self._idle:
+            while self._running and not self.force.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self.notifier.watchdog()  # still alive while draining
+                self._idle.wait(min(left, 0.5))
+            late = sorted(self._running)
+        code = SIGNAL_EXIT.get(self.signum or signal.SIGTERM, exitcodes.SIGTERM)
+        if late:
+            # A fire did not finish in time (its agent ignores TERM, say): KILL the agent group ourselves.
+            # The fire then sees its agent gone and records `interrupted` within moments; if even that
+            # does not happen, leave anyway; the next fire reconciles this one as crashed.
+            killed = [pg for j in self.jobs if j.name in late for pg in [self._agent_pgid(j)] if pg]
+            for pgid in killed:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pgid, signal.SIGKILL)
+            self.log.error("daemon.grace_exceeded", running=late, killed_pgids=killed, grace_s=self.grace_s,
+                           forced=self.force.is_set())
+            with self._idle:
+                self._idle.wait_for(lambda: not self._running, timeout=0 if self.force.is_set() else AFTER_KILL_S)
+                late = sorted(self._running)
+        shutdown_s = round(time.monotonic() - started, 3)
+        self.log.info("daemon.stop", exit_code=code, shutdown_s=shutdown_s, unfinished=late, **dict(self.counts))
+        if late:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)  # the executor's worker threads are not daemons and would block a normal exit
+        return code
+
+    def _agent_pgid(self, job: RepoJob) -> int | None:
+        try:
+            fire = orjson.loads(job.paths.state.read_bytes()).get("fire") or {}
+        except (OSError, orjson.JSONDecodeError, AttributeError):
+            return None
+        pgid = fire.get("agent_pgid")
+        if isinstance(pgid, int) and fire.get("pid") == os.getpid() and group_alive(pgid):
+            return pgid
+        return None
