@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from evolve import exitcodes
+from evolve import __version__, exitcodes
 from evolve.errors import EvolveError, UsageError
 
 # Modules under evolve/commands/ that register their own subcommands (missing ones are skipped).
@@ -39,6 +39,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Run a coding agent unattended against a git repository, across its context limits.",
     )
     ap.add_argument("--repo", type=Path, default=None, help="repository (default: git top level of the cwd)")
+    ap.add_argument("--version", action="version", version=f"evolve {__version__}")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
 
     f = sub.add_parser("fire", help="one fire: lock, step 1, cycles (what cron/systemd run)")
@@ -127,7 +128,9 @@ def cmd_fire(args: argparse.Namespace) -> int:
     if args.dry_run:
         import orjson
 
-        sys.stdout.buffer.write(orjson.dumps(outcome.entries[0], option=orjson.OPT_INDENT_2) + b"\n")
+        from evolve import jsonsafe
+
+        sys.stdout.buffer.write(jsonsafe.dumps(outcome.entries[0], option=orjson.OPT_INDENT_2) + b"\n")
         sys.stdout.flush()
     return outcome.exit_code
 
@@ -141,7 +144,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         import orjson
 
-        sys.stdout.buffer.write(orjson.dumps(info, option=orjson.OPT_INDENT_2) + b"\n")
+        from evolve import jsonsafe
+
+        sys.stdout.buffer.write(jsonsafe.dumps(info, option=orjson.OPT_INDENT_2) + b"\n")
     else:
         sys.stdout.write(render_status(info))
     sys.stdout.flush()

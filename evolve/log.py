@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 import structlog
 
+from evolve import jsonsafe
 from evolve.secrets import redact, secret_values
 
 _SECRET_KEYS = re.compile(r"(api[_-]?key|token|secret|password|authorization)", re.I)
@@ -39,7 +40,7 @@ def _redact(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
 
 
 def _orjson_dumps(obj: Any, **_: Any) -> bytes:
-    return orjson.dumps(obj, default=str)
+    return jsonsafe.dumps(obj, default=str)
 
 
 def configure(*, json: bool | None = None, stream: Any = None) -> None:

@@ -136,3 +136,10 @@ def test_logs_are_console_text_on_a_tty_and_json_otherwise(env: Env, cli) -> Non
     assert piped.events() and all(line.startswith("{") for line in piped.stdout.splitlines())
     ends = [e for e in piped.events() if e["event"] == "cycle.end"]
     assert ends[0]["fire_id"] and ends[0]["cycle"] == 2
+
+
+def test_version() -> None:
+    from evolve import __version__
+
+    r = subprocess.run([sys.executable, "-m", "evolve", "--version"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == f"evolve {__version__}"

@@ -143,6 +143,7 @@ def test_textfile_is_replaced_atomically(env: Env, tmp_path) -> None:
     path = metrics.write_textfile(out, texts[0])
     assert path == out / "evolve.prom" and path.read_text() == texts[0]
     ino = path.stat().st_ino
+    pinned = open(path, "rb")  # noqa: SIM115 - keeps the first inode allocated so its number cannot be reused
     stop = threading.Event()
     seen: list[str] = []
     bad: list[str] = []
@@ -169,6 +170,8 @@ def test_textfile_is_replaced_atomically(env: Env, tmp_path) -> None:
     assert not bad, bad[:3]
     assert len(seen) > 10 and {texts[0], texts[1]} <= set(seen) | {texts[0]}
     assert path.stat().st_ino != ino  # replaced by rename, never rewritten in place
+    assert pinned.read() == texts[0].encode()  # and the old file was never written through
+    pinned.close()
     assert sorted(q.name for q in out.iterdir()) == ["evolve.prom"]  # no temp files left behind
     assert oct(path.stat().st_mode & 0o777) == oct(0o644)  # node_exporter must be able to read it
     for text in texts:

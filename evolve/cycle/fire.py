@@ -973,7 +973,7 @@ class Fire:
                 item = sel.item
                 decision, inv = self._plan_agent(cycle, item, d.restorative, new_id="<new-session-uuid>")
                 argv, env_changes = self._runner().plan(inv)
-                plan["selection"] = {**item.as_json(), "rung": sel.rung}
+                plan["selection"] = {**item.as_json(), "ref": item.ref, "rung": sel.rung}
                 plan["agent"] = {
                     "mode": decision.mode,
                     "reason": decision.reason,

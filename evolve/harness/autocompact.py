@@ -79,7 +79,10 @@ class Detection:
     def as_json(self) -> dict[str, Any]:
         return {
             "status": self.status,
-            "value": self.value,
+            # A hostile file may hold anything, lone surrogates included: strings are shown escaped.
+            "value": self.value
+            if not isinstance(self.value, str) or self.value.isprintable()
+            else ascii(self.value)[1:-1],
             "source": self.source or None,
             "path": str(self.path) if self.path else None,
         }
@@ -95,8 +98,8 @@ def _env_block(path: Path) -> dict[str, Any] | None:
         return {}
     try:
         obj = json.loads(text)
-    except ValueError:
-        return None
+    except (ValueError, RecursionError):
+        return None  # malformed or nested too deeply: skipped, like any unreadable source
     if not isinstance(obj, dict):
         return None
     block = obj.get("env", {})
@@ -142,7 +145,7 @@ def status_info(repo: Path, env: Mapping[str, str] | None = None) -> dict[str, A
 def preflight_line(det: Detection) -> str:
     """One human line; agent runs get the override in their env from ``context.autocompact_pct`` anyway."""
     if det.status == CONFIGURED:
-        line = f"autocompact {det.value}% (from {det.source})"
+        line = f"autocompact {show_value(det.value)}% (from {det.source})"
         if int(det.value) > HARNESS_DEFAULT_PCT:
             line += f"; above ~{HARNESS_DEFAULT_PCT}% it has no effect"
         return line
@@ -175,6 +178,8 @@ def load_settings(path: Path) -> dict[str, Any]:
         return {}
     try:
         obj = json.loads(text)
+    except RecursionError as exc:
+        raise UsageError(f"{path}: JSON nested too deeply; refusing to rewrite it (settings unchanged)") from exc
     except ValueError as exc:
         raise UsageError(f"{path}: malformed JSON ({exc}); fix it first (settings unchanged)") from exc
     if not isinstance(obj, dict):

@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from evolve import jsonsafe
 from evolve.errors import LedgerError
 from evolve.store.atomic import save_aside
 
@@ -179,7 +180,7 @@ class Ledger:
         last = self.last_cycle()
         if cycle <= last:
             raise LedgerError(f"cycle {cycle} is not after the ledger's last cycle {last}")
-        line = orjson.dumps(entry, option=orjson.OPT_APPEND_NEWLINE)
+        line = jsonsafe.dumps(entry, option=orjson.OPT_APPEND_NEWLINE)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # O_NOFOLLOW: a symlink planted in .agents/ must not redirect the ledger anywhere else.
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)

@@ -17,6 +17,15 @@ def clean_text(text: object, limit: int = 200) -> str:
     return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
+def short_ref(ref: str, limit: int = 512) -> str:
+    """``ref`` itself when short; else a prefix plus a digest that still identifies it."""
+    if len(ref) <= limit:
+        return ref
+    import hashlib
+
+    return f"{ref[: limit - 20]}…#{hashlib.sha256(ref.encode('utf-8', 'surrogatepass')).hexdigest()[:12]}"
+
+
 @dataclass(frozen=True)
 class WorkItem:
     source: str  # harvested | beads | goal | directive | generator
@@ -36,9 +45,10 @@ class WorkItem:
         return self.type.lower() in ("bug", "gate-fix", "fix", "regression")
 
     def as_json(self) -> dict[str, Any]:
+        """A bounded view for env vars and displays: argv/env have a size limit (E2BIG), refs do not."""
         return {
             "source": self.source,
-            "ref": self.ref,
+            "ref": short_ref(self.ref),
             "title": self.title,
             "description": self.description,
             "type": self.type,

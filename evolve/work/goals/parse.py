@@ -45,10 +45,16 @@ def _load_file(path: Path) -> GoalsFile:
     except UnicodeDecodeError as e:
         raise file_error(path, f"not UTF-8 ({e.reason} at byte {e.start})") from e
     era = hashlib.sha256(data).hexdigest()[:12]
-    if path.suffix.lower() == ".md":
-        goals, directives = parse_markdown(path, text)
-        return GoalsFile(path=path, era=era, goals=goals, directives=directives, version="4")
-    version, goals = _parse_yaml(path, text)
+    try:
+        if path.suffix.lower() == ".md":
+            goals, directives = parse_markdown(path, text)
+            return GoalsFile(path=path, era=era, goals=goals, directives=directives, version="4")
+        version, goals = _parse_yaml(path, text)
+    except (ValueError, TypeError, RecursionError, OverflowError) as e:
+        # Hostile content (impossible dates, 5000-digit numbers, deep nesting) is a malformed file,
+        # never a crash: the goals rung reports a probe error and the loop goes on.
+        reason = "nested too deeply" if isinstance(e, RecursionError) else " ".join(str(e).split())[:200]
+        raise file_error(path, f"unusable content: {reason}") from e
     return GoalsFile(path=path, era=era, goals=goals, directives=(), version=version)
 
 
