@@ -6,7 +6,7 @@ tracker again and re-checks the goal snapshot.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -16,7 +16,7 @@ from evolve.store.ledger import Ledger
 from evolve.store.markers import read_marker
 from evolve.timeutil import utc_iso
 from evolve.work import generators, ladder
-from evolve.work.beads import BeadsSource
+from evolve.work.beads import BeadsSource, LazyItems
 from evolve.work.goal_source import GoalsSource
 from evolve.work.harvested import HarvestedQueue
 from evolve.work.item import SourceError, WorkItem, WorkSource
@@ -59,9 +59,11 @@ class Selector:
 
     # -- probes ----------------------------------------------------------------------------
 
-    def _probe(self, fn: Callable[[], list[WorkItem]], name: str) -> ladder.Probe:
+    def _probe(self, fn: Callable[[], Sequence[WorkItem]], name: str) -> ladder.Probe:
         try:
-            return ladder.Probe(tuple(fn()))
+            items = fn()
+            # A lazy sequence stays lazy (the ladder reads only what it needs); lists become tuples.
+            return ladder.Probe(items if isinstance(items, LazyItems) else tuple(items))
         except SourceError as exc:
             self.log.warning("source.probe_error", source=name, error=str(exc)[:300])
             return ladder.Probe(error=str(exc)[:300])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +94,30 @@ def to_item(bead: Mapping[str, Any]) -> WorkItem:
     )
 
 
+class LazyItems(Sequence[WorkItem]):
+    """Ranked beads turned into WorkItems only when read: the ladder stops at the first eligible one,
+    so a selection converts a handful of a thousand ready beads, not all of them."""
+
+    def __init__(self, beads: list[dict[str, Any]]) -> None:
+        self._beads = beads
+        self._items: list[WorkItem | None] = [None] * len(beads)
+
+    def __len__(self) -> int:
+        return len(self._beads)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        item = self._items[i]
+        if item is None:
+            item = self._items[i] = to_item(self._beads[i])
+        return item
+
+    def __iter__(self) -> Iterator[WorkItem]:
+        for i in range(len(self._beads)):
+            yield self[i]
+
+
 class BeadsSource:
     """Implements :class:`evolve.work.item.WorkSource` over the tracker CLI."""
 
@@ -117,9 +141,9 @@ class BeadsSource:
         raw = self._run(argv)  # asked every time: the tracker is the source of truth
         if raw != self._last_raw:  # the items are a function of the output alone
             with gc_paused():  # parsed JSON is acyclic
-                self._last_items = [to_item(b) for b in rank(parse_ready(raw))]
+                self._last_items = LazyItems(rank(parse_ready(raw)))
             self._last_raw = raw
-        return list(self._last_items)
+        return self._last_items
 
     def _tool(self) -> list[str] | None:
         argv = resolve_command(self.argv, which=lambda c: shutil.which(c, path=self.env.get("PATH")))

@@ -32,7 +32,7 @@ _SUFFIX = re.compile(r"-\d+(st|nd|rd|th)?$")
 
 @dataclass(frozen=True)
 class Probe:
-    items: tuple[WorkItem, ...] = ()
+    items: Sequence[WorkItem] = ()  # a tuple, or a lazy sequence converted on read
     error: str | None = None
 
 
