@@ -1,0 +1,71 @@
+"""Every trigger at once on one repo: the daemon, a cron line, 50 manual fires and a queue appender.
+
+Exactly one fire works at a time (each fire's cycles form one contiguous block of the ledger, cycle
+numbers have no gap or duplicate) and nothing is lost (every appended queue line is still there).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import orjson
+from support import Env, entry, improved_step
+
+
+def test_daemon_cron_fifty_manual_fires_and_an_appender(env: Env) -> None:
+    env.write_config(schedule={"cron": "*/2 * * * * *"}, fire={"max_cycles": 2})
+    env.queue(entry(*[f"item-{n}" for n in range(40)]))
+    env.steps([{**improved_step(), "sleep": 0.15}])
+    daemon = subprocess.Popen([sys.executable, "-m", "evolve", "--repo", str(env.repo), "daemon"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env.env())
+    appender = subprocess.Popen([sys.executable, "-c", f"""
+import os, orjson, time
+for n in range(500):
+    fd = os.open({str(env.paths.nextwork)!r}, os.O_WRONLY | os.O_APPEND)
+    os.write(fd, orjson.dumps({{"source_epic": "bg", "n": n, "items": [], "consumed": True}}) + b"\\n")
+    os.close(fd)
+    time.sleep(0.01)
+"""])
+    evolve_bin = [sys.executable, "-m", "evolve"]
+    cron_line = (f"cd {env.repo} && flock -n -E 75 {env.paths.evolve_dir / 'cron.lock'} "
+                 + " ".join(evolve_bin) + " fire >> " + str(env.root / "cron.log") + " 2>&1")
+    bare = {"PATH": os.environ["PATH"], "HOME": str(env.root), "XDG_CONFIG_HOME": str(env.xdg),
+            "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    try:
+        manual = [subprocess.Popen([*evolve_bin, "--repo", str(env.repo), "fire"], stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, env=env.env()) for _ in range(50)]
+        crons = []
+        for _ in range(5):
+            crons.append(subprocess.Popen(["env", "-i", *[f"{k}={v}" for k, v in bare.items()], "sh", "-c",
+                                           cron_line]))
+            time.sleep(1.0)
+        codes = [p.wait(timeout=300) for p in manual]
+        cron_codes = [p.wait(timeout=300) for p in crons]
+        appender.wait(timeout=120)
+        time.sleep(2.5)  # at least one more daemon tick after the crowd
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(timeout=120)
+    assert set(codes) <= {0, 75} and codes.count(0) >= 1, codes
+    assert set(cron_codes) <= {0, 75}, cron_codes
+    assert daemon.returncode in (0, 143)
+    ledger = env.ledger()
+    cycles = [e["cycle"] for e in ledger]
+    assert cycles == list(range(1, len(cycles) + 1)), cycles
+    # One fire at a time: a fire's cycles are never interleaved with another fire's.
+    seen: list[str] = []
+    for e in ledger:
+        if not seen or seen[-1] != e["fire_id"]:
+            assert e["fire_id"] not in seen, "two fires interleaved their cycles"
+            seen.append(e["fire_id"])
+    assert len(seen) >= 2
+    lines = [orjson.loads(x) for x in env.paths.nextwork.read_bytes().splitlines()]
+    assert sorted(e["n"] for e in lines if e.get("source_epic") == "bg") == list(range(500))
+    items = next(e for e in lines if e.get("source_epic") == "e1")["items"]
+    done = [i for i in items if i.get("claim_status") == "consumed"]
+    assert len(done) == sum(1 for e in ledger if e["result"] == "improved")
+    assert not [i for i in items if i.get("claim_status") == "in_progress"]
