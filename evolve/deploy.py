@@ -104,6 +104,8 @@ def _unit_ctx(t: Target) -> dict[str, object]:
         "timeout_stop": f"{int(t.grace_s) + 30}s",
         "wanted_by": "default.target" if t.user_mode else "multi-user.target",
         "sandbox_note": USER_SANDBOX_NOTE if t.user_mode else "",
+        # User managers cannot bound capabilities or protect kernel knobs without user namespaces.
+        "hardening": "" if t.user_mode else tpl.HARDENING,
         "extra_env": env,
         "cron": t.cron,
     }

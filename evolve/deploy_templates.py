@@ -26,6 +26,27 @@ NoNewPrivileges=yes
 ProtectSystem=strict
 ReadWritePaths={{rw_paths}}
 PrivateTmp=yes
+{{hardening}}"""
+
+# `systemd-analyze security` review (see deploy/README.md): everything an agent loop does not need is
+# closed; what it needs stays open and is documented: the network (the model's API), the home
+# directory (the CLI writes ~/.claude.json and its session store), JIT memory (Node), namespaces.
+HARDENING = """\
+PrivateDevices=yes
+ProtectKernelTunables=yes
+ProtectKernelModules=yes
+ProtectKernelLogs=yes
+ProtectControlGroups=yes
+ProtectClock=yes
+ProtectHostname=yes
+RestrictSUIDSGID=yes
+RestrictRealtime=yes
+LockPersonality=yes
+SystemCallArchitectures=native
+SystemCallFilter=@system-service
+RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK
+CapabilityBoundingSet=
+UMask=0027
 """
 
 FIRE_TIMER = """\
@@ -75,7 +96,7 @@ NoNewPrivileges=yes
 ProtectSystem=strict
 ReadWritePaths={{rw_paths}}
 PrivateTmp=yes
-
+{{hardening}}
 [Install]
 WantedBy={{wanted_by}}
 """
