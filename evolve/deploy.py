@@ -99,13 +99,12 @@ def _unit_ctx(t: Target) -> dict[str, object]:
         "user": user,
         "path": t.path if t.generic else u(t.path),
         "evolve": t.evolve if t.generic else u(t.evolve),
-        "rw_paths": " ".join(rw),
         "timeout_start": f"{t.runtime_cap_s // 60}min",
         "timeout_stop": f"{int(t.grace_s) + 30}s",
         "wanted_by": "default.target" if t.user_mode else "multi-user.target",
         "sandbox_note": USER_SANDBOX_NOTE if t.user_mode else "",
         # User managers cannot bound capabilities or protect kernel knobs without user namespaces.
-        "hardening": "" if t.user_mode else tpl.HARDENING,
+        "sandbox": tpl.SANDBOX.format(rw_paths=" ".join(rw)) + ("" if t.user_mode else tpl.HARDENING),
         "extra_env": env,
         "cron": t.cron,
     }
@@ -136,10 +135,21 @@ def crontab(t: Target, *, system: bool = False) -> dict[str, str]:
     """A user crontab fragment, or (``system``) an ``/etc/cron.d`` file with its user field."""
     spec = cronexpr.parse(t.cron)
     state = t.state_dir
-    sh = {k: _sh(v, t.generic) for k, v in {"repo": t.repo, "state": state, "lock": f"{state}/cron.lock",
-                                             "log": f"{state}/cron.log", "path": t.path, "evolve": t.evolve}.items()}
-    command = (f"cd {sh['repo']} && mkdir -p {sh['state']} && PATH={sh['path']} "
-               f"flock -n -E 75 {sh['lock']} {sh['evolve']} fire >> {sh['log']} 2>&1")
+    sh = {
+        k: _sh(v, t.generic)
+        for k, v in {
+            "repo": t.repo,
+            "state": state,
+            "lock": f"{state}/cron.lock",
+            "log": f"{state}/cron.log",
+            "path": t.path,
+            "evolve": t.evolve,
+        }.items()
+    }
+    command = (
+        f"cd {sh['repo']} && mkdir -p {sh['state']} && PATH={sh['path']} "
+        f"flock -n -E 75 {sh['lock']} {sh['evolve']} fire >> {sh['log']} 2>&1"
+    )
     ctx = {
         "name": t.name,
         "repo": t.repo,
@@ -195,8 +205,14 @@ def generic_targets(cfg: Config | None = None) -> tuple[Target, Target]:
         runtime_cap_s=runtime_cap_s(cfg),
         generic=True,
     )
-    cron = replace(base, repo="/path/to/repo", state_dir="/path/to/repo/.agents/evolve", evolve="evolve",
-                   path="$HOME/.local/bin:/usr/local/bin:/usr/bin:/bin", user_mode=True)
+    cron = replace(
+        base,
+        repo="/path/to/repo",
+        state_dir="/path/to/repo/.agents/evolve",
+        evolve="evolve",
+        path="$HOME/.local/bin:/usr/local/bin:/usr/bin:/bin",
+        user_mode=True,
+    )
     return base, cron
 
 

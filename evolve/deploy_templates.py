@@ -22,15 +22,19 @@ KillMode=control-group
 SyslogIdentifier=evolve
 # Sandbox, inherited by the agent: no sudo, a read-only system, writes only to the repository and the
 # agent's own config.{{sandbox_note}}
-NoNewPrivileges=yes
-ProtectSystem=strict
-ReadWritePaths={{rw_paths}}
-PrivateTmp=yes
-{{hardening}}"""
+{{sandbox}}"""
 
 # `systemd-analyze security` review (see deploy/README.md): everything an agent loop does not need is
 # closed; what it needs stays open and is documented: the network (the model's API), the home
 # directory (the CLI writes ~/.claude.json and its session store), JIT memory (Node), namespaces.
+# The sandbox both services share; the user units stop after PrivateTmp (see HARDENING).
+SANDBOX = """\
+NoNewPrivileges=yes
+ProtectSystem=strict
+ReadWritePaths={rw_paths}
+PrivateTmp=yes
+"""
+
 HARDENING = """\
 PrivateDevices=yes
 ProtectKernelTunables=yes
@@ -92,11 +96,7 @@ TimeoutStopSec={{timeout_stop}}
 KillMode=control-group
 SyslogIdentifier=evolve
 # Sandbox, inherited by the agent (see evolve@.service).{{sandbox_note}}
-NoNewPrivileges=yes
-ProtectSystem=strict
-ReadWritePaths={{rw_paths}}
-PrivateTmp=yes
-{{hardening}}
+{{sandbox}}
 [Install]
 WantedBy={{wanted_by}}
 """

@@ -201,8 +201,9 @@ def systemd_timers() -> list[dict[str, Any]]:
         units = parse_timer_units(listing or "")
         if not units:
             continue
-        show = _run(["systemctl", *scope, "show", "-p", "Id", "-p", "NextElapseUSecRealtime", "--timestamp=unix",
-                     *units])
+        show = _run(
+            ["systemctl", *scope, "show", "-p", "Id", "-p", "NextElapseUSecRealtime", "--timestamp=unix", *units]
+        )
         for unit, at in parse_next_elapse(show or "").items():
             found.append({"unit": unit, "scope": "user" if scope else "system", "at_epoch": at})
     return found
@@ -213,13 +214,23 @@ def next_fire(paths: Paths, now: float) -> dict[str, Any] | None:
     d = daemon_info(paths)
     if d is not None:
         at = parse_iso(d.get("next_fire_at"))
-        return {"source": "daemon", "pid": d.get("pid"), "schedule": d.get("schedule"),
-                "at": d.get("next_fire_at"), "in_s": None if at is None else round(at - now)}
+        return {
+            "source": "daemon",
+            "pid": d.get("pid"),
+            "schedule": d.get("schedule"),
+            "at": d.get("next_fire_at"),
+            "in_s": None if at is None else round(at - now),
+        }
     timers = [t for t in systemd_timers() if t["at_epoch"]]
     if timers:
         t = min(timers, key=lambda x: x["at_epoch"])
-        return {"source": "systemd", "unit": t["unit"], "scope": t["scope"], "at": utc_iso(t["at_epoch"]),
-                "in_s": round(t["at_epoch"] - now)}
+        return {
+            "source": "systemd",
+            "unit": t["unit"],
+            "scope": t["scope"],
+            "at": utc_iso(t["at_epoch"]),
+            "in_s": round(t["at_epoch"] - now),
+        }
     return None
 
 
@@ -365,7 +376,11 @@ def _scan_back(ledger: Ledger, now: float, session: dict[str, Any] | None) -> di
 
 
 def status(
-    paths: Paths, *, recent: int = 5, env: Mapping[str, str] | None = None, now: float | None = None,
+    paths: Paths,
+    *,
+    recent: int = 5,
+    env: Mapping[str, str] | None = None,
+    now: float | None = None,
     probe_schedule: bool = True,
 ) -> dict[str, Any]:
     env = os.environ if env is None else env
@@ -399,8 +414,12 @@ def status(
             "agent_elapsed_s": None,
         }
         if cycle_state:
-            current.update(cycle=cycle_state.get("cycle", current["cycle"]), work_ref=cycle_state.get("work_ref"),
-                           title=cycle_state.get("title"), phase=cycle_state.get("phase"))
+            current.update(
+                cycle=cycle_state.get("cycle", current["cycle"]),
+                work_ref=cycle_state.get("work_ref"),
+                title=cycle_state.get("title"),
+                phase=cycle_state.get("phase"),
+            )
             written = parse_iso(cycle_state.get("written_at"))
             if cycle_state.get("phase") == "agent" and written is not None:
                 current["agent_elapsed_s"] = round(now - written)
@@ -520,15 +539,24 @@ def term_safe(text: str) -> str:
     return _TERM_UNSAFE.sub(_esc, text)
 
 
-def _short(e: dict[str, Any]) -> str:
+def _notes(e: dict[str, Any], *, disposition: bool = False) -> str:
+    """The annotations a ledger row carries on a terminal (shared by status and history)."""
     extra = ""
     if e.get("context_heavy"):
         extra += f" heavy({e.get('context_signal')})"
-    if e.get("milestone"):
-        extra += f" — {e['milestone']}"
     if e.get("error_class"):
         extra += f" [{e['error_class']}]"
-    return f"  #{e.get('cycle')} {e.get('timestamp', '')} {e.get('result', '?')!s:<16} {e.get('target', '')}{extra}\n"
+    if disposition and e.get("disposition"):
+        extra += f" ({e['disposition']})"
+    if e.get("milestone"):
+        extra += f" — {e['milestone']}"
+    return extra
+
+
+def _short(e: dict[str, Any]) -> str:
+    return (
+        f"  #{e.get('cycle')} {e.get('timestamp', '')} {e.get('result', '?')!s:<16} {e.get('target', '')}{_notes(e)}\n"
+    )
 
 
 def render_status(info: dict[str, Any]) -> str:
@@ -593,7 +621,7 @@ def render_status(info: dict[str, Any]) -> str:
             kind = "sticky" if m.get("sticky") else "non-sticky"
             ttl = ""
             if m.get("sticky"):
-                ttl = (", STALE" if m.get("stale") else f", TTL left {human_s(m.get('ttl_left_s'))}")
+                ttl = ", STALE" if m.get("stale") else f", TTL left {human_s(m.get('ttl_left_s'))}"
             out.append(f"marker     {name} ({kind}, {human_s(m['age_s'])} old{ttl}) {first}\n")
             out.append(f"           {m.get('effect', '')}\n")
     else:
@@ -699,15 +727,7 @@ def _row(e: dict[str, Any]) -> str:
     cost = _num(e.get("cost_usd"))
     pct = _num(e.get("context_pct"))
     goals = f"{e['goals_passing']}/{e['goals_total']}" if _num(e.get("goals_passing")) is not None else ""
-    extra = ""
-    if e.get("context_heavy"):
-        extra += f" heavy({e.get('context_signal')})"
-    if e.get("error_class"):
-        extra += f" [{e['error_class']}]"
-    if e.get("disposition"):
-        extra += f" ({e['disposition']})"
-    if e.get("milestone"):
-        extra += f" — {e['milestone']}"
+    extra = _notes(e, disposition=True)
     return (
         f"  #{e.get('cycle', '?')!s:<5} {ts:<16} {e.get('result', '?')!s:<16}"
         f" {'' if cost is None else f'${cost:.2f}':>7} {'' if pct is None else f'{pct:.0f}%':>5} {goals:>7}"

@@ -151,6 +151,3 @@ def build(
         ),
     )
 
-
-def build_prompt(*, cycle: int, mode: str, work: WorkItem, prior_summary: str = "", restorative: bool = False) -> str:
-    return build(cycle=cycle, mode=mode, work=work, prior_summary=prior_summary, restorative=restorative).full()

@@ -56,6 +56,3 @@ def agent_fields(report: AgentReport, reading: ContextReading | None) -> dict[st
         out["error"] = redact(report.error[:300], secrets)
     return out
 
-
-def shape_of(item_type: str) -> str:
-    return item_type or "work"
