@@ -426,3 +426,109 @@ def test_gc_paused_restores_the_collector_and_leaves_a_freeze_alone() -> None:
         assert gc.get_freeze_count() == frozen
     finally:
         gc.unfreeze()
+
+
+# -- streaming: the index holds positions and rank keys, never the file ------------------------------
+
+
+def test_memory_is_a_few_bytes_per_line_not_the_file(tmp_path: Path) -> None:
+    """Selecting, claiming and finalizing in a ~17 MB queue allocates a small fraction of the file
+    (the old index held every line: more than the file's size)."""
+    import tracemalloc
+
+    pad = "p" * 600
+    lines = [_entry(*[_item(f"t{n}-{k}", description=pad, severity=("high", "low")[k % 2]) for k in range(10)],
+                    epic=f"e{n}") for n in range(2400)]
+    q = _q(tmp_path, *lines)
+    size = q.path.stat().st_size
+    assert size > 16_000_000
+    tracemalloc.start()
+    try:
+        cands = q.candidates()
+        top = cands[0]
+        q.claim(top, "c", "t")
+        q.finalize(top, "c", "t")
+        assert len(q.candidates()) == len(cands) - 1
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < size / 5, (peak, size)
+    assert [w.ref for w in q.candidates()][:50] == _fresh(q)[:50]
+
+
+def test_rewrite_keeps_blank_lines_and_every_other_byte(tmp_path: Path) -> None:
+    q = _q(tmp_path, _entry(_item("a"), epic="A"), b"", b"  ", _entry(_item("b"), epic="B"), b"{torn")
+    before = q.path.read_bytes()
+    (_a, b) = q.candidates()
+    q.claim(b, "c", "t")
+    after = q.path.read_bytes().split(b"\n")
+    assert after[:3] == before.split(b"\n")[:3] and after[4:] == before.split(b"\n")[4:]
+    assert orjson.loads(after[3])["items"][0]["claimed_by"] == "c"
+    assert [w.title for w in q.candidates()] == ["a"] == [w.title for w in HarvestedQueue(q.path).candidates()]
+
+
+def test_lines_after_a_changed_line_move_with_it(tmp_path: Path) -> None:
+    """A rewrite changes line lengths; the items after it are still found where they now are."""
+    q = _q(tmp_path, *[_entry(_item(f"i{n}"), epic=f"e{n}") for n in range(6)])
+    for n in range(6):
+        item = next(w for w in q.candidates() if w.title == f"i{n}")
+        q.claim(item, f"claimer-with-a-long-name-{n}", "2026-01-01T00:00:00Z")  # each line grows
+        q.annotate(next(w for w in HarvestedQueue(q.path).candidates()) if n < 5 else item, "t", note="x" * n)
+    q.finalize(item, "claimer-with-a-long-name-5", "t")
+    lines = [orjson.loads(x) for x in q.path.read_bytes().splitlines()]
+    assert [e["items"][0]["claimed_by"] for e in lines] == [f"claimer-with-a-long-name-{n}" for n in range(6)]
+    assert lines[5]["consumed"] is True
+    assert list(q.candidates()) == [] == list(HarvestedQueue(q.path).candidates())
+
+
+def test_claim_finds_the_item_when_another_tool_reordered_the_file(tmp_path: Path) -> None:
+    q = _q(tmp_path, _entry(_item("a"), epic="A"), _entry(_item("b"), epic="B"), _entry(_item("c"), epic="C"))
+    b = next(w for w in q.candidates() if w.title == "b")
+    lines = q.path.read_bytes().splitlines()
+    tmp = tmp_path / "other.jsonl"
+    tmp.write_bytes(b"\n".join([lines[2], lines[0], lines[1]]) + b"\n")  # "b" is now on the last line
+    os.replace(tmp, q.path)
+    q.claim(b, "c1", "t")
+    q.finalize(b, "c1", "t")
+    entries = [orjson.loads(x) for x in q.path.read_bytes().splitlines()]
+    assert [(e["source_epic"], e.get("consumed")) for e in entries] == [("C", None), ("A", None), ("B", True)]
+
+
+def test_a_view_reads_the_file_it_was_made_from(tmp_path: Path) -> None:
+    """Items are parsed when read; a file replaced meanwhile does not change what the view shows."""
+    q = _q(tmp_path, *[_entry(_item(f"i{n}"), epic=f"e{n}") for n in range(5)])
+    view = q.candidates()
+    tmp = tmp_path / "other.jsonl"
+    tmp.write_bytes(orjson.dumps(_entry(_item("other"))) + b"\n")
+    os.replace(tmp, q.path)
+    assert [w.title for w in view] == [f"i{n}" for n in range(5)]
+    assert view[-1].title == "i4" and [w.title for w in view[1:3]] == ["i1", "i2"]
+    assert [w.title for w in q.candidates()] == ["other"]
+
+
+def test_an_item_edited_in_place_after_the_read_is_never_claimed(tmp_path: Path) -> None:
+    q = _q(tmp_path, _entry(_item("aaaa")))
+    view = q.candidates()
+    q.path.write_bytes(b"x" * len(q.path.read_bytes()))  # same inode, rewritten in place
+    (stale,) = view
+    assert stale.title == "" and stale.ref.startswith("changed-on-disk:")
+    with pytest.raises(ClaimLost):
+        q.claim(stale, "c", "t")
+    assert q.path.read_bytes().startswith(b"xxxx")
+
+
+def test_known_keys_streams_open_and_consumed_items(tmp_path: Path) -> None:
+    q = _q(tmp_path, _entry(_item("Fix the Parser!"), _item("b", dedup_key="k1", consumed=True)), b"{torn")
+    wanted = {"title:fix the parser", "dedup:k1", "dedup:k2", "title:other"}
+    assert q.known_keys(wanted) == {"title:fix the parser", "dedup:k1"}
+    assert q.known_keys(set()) == set()
+    q.path.unlink()
+    assert q.known_keys(wanted) == set()
+
+
+def test_candidates_since_a_line(tmp_path: Path) -> None:
+    q = _q(tmp_path, _entry(_item("old", severity="low")))
+    at = len(q.candidates()) and q.lines
+    q.append_entry(_entry(_item("new1"), _item("new2", severity="high")))
+    assert [w.title for w in q.candidates(since_line=at)] == ["new2", "new1"]
+    assert [w.title for w in q.candidates()] == ["new2", "new1", "old"]

@@ -686,7 +686,7 @@ class Fire:
         for it in items:
             if isinstance(it.get("title"), str) and it["title"].strip():
                 clean.append({"description": "", "type": "task", "severity": "medium", "source": "evolve-cycle", **it})
-        fresh = generators.dedup(clean, self.selector.harvested.existing_keys())
+        fresh = generators.dedup(clean, self.selector.harvested.known_keys(generators.keys_of(clean)))
         if fresh:
             entry = generators.generator_entry(fresh, utc_iso(self.clock()))
             entry["source_epic"] = epic

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ import orjson
 
 from evolve.agent.process import run_group
 from evolve.work.harvested import fast_clean, gc_paused
-from evolve.work.item import SourceError, WorkItem
+from evolve.work.item import LazyItems, SourceError, WorkItem
 
 DROPPED_LABELS = frozenset({"operator-shape", "meta-runtime", "human-coordinate"})
 RED_LABELS = frozenset({"gate-fix", "ci-red", "regression"})
@@ -94,30 +94,6 @@ def to_item(bead: Mapping[str, Any]) -> WorkItem:
     )
 
 
-class LazyItems(Sequence[WorkItem]):
-    """Ranked beads turned into WorkItems only when read: the ladder stops at the first eligible one,
-    so a selection converts a handful of a thousand ready beads, not all of them."""
-
-    def __init__(self, beads: list[dict[str, Any]]) -> None:
-        self._beads = beads
-        self._items: list[WorkItem | None] = [None] * len(beads)
-
-    def __len__(self) -> int:
-        return len(self._beads)
-
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        item = self._items[i]
-        if item is None:
-            item = self._items[i] = to_item(self._beads[i])
-        return item
-
-    def __iter__(self) -> Iterator[WorkItem]:
-        for i in range(len(self._beads)):
-            yield self[i]
-
-
 class BeadsSource:
     """Implements :class:`evolve.work.item.WorkSource` over the tracker CLI."""
 
@@ -129,19 +105,20 @@ class BeadsSource:
         self.timeout_s = timeout_s
         self.env = dict(env)
         self._last_raw: bytes | None = None  # the tracker's last output, and its items
-        self._last_items: list[WorkItem] = []
+        self._last_items: Sequence[WorkItem] = ()
 
     def _run(self, argv: list[str]) -> bytes:
         return run_capture(argv, cwd=self.repo, env=self.env, timeout_s=self.timeout_s)
 
-    def candidates(self) -> list[WorkItem]:
+    def candidates(self) -> Sequence[WorkItem]:
         argv = resolve_command(self.argv, which=lambda c: shutil.which(c, path=self.env.get("PATH")))
         if argv is None:
             return []
         raw = self._run(argv)  # asked every time: the tracker is the source of truth
         if raw != self._last_raw:  # the items are a function of the output alone
             with gc_paused():  # parsed JSON is acyclic
-                self._last_items = LazyItems(rank(parse_ready(raw)))
+                ranked = rank(parse_ready(raw))
+                self._last_items = LazyItems(len(ranked), lambda i: to_item(ranked[i]))
             self._last_raw = raw
         return self._last_items
 

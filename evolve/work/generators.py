@@ -32,6 +32,11 @@ def item_keys(item: Mapping[str, Any]) -> set[str]:
     return keys
 
 
+def keys_of(items: Iterable[dict[str, Any]]) -> set[str]:
+    """Every key of these items (what :func:`dedup` compares)."""
+    return set().union(*(item_keys(it) for it in items))
+
+
 def parse_output(raw: bytes, name: str) -> list[dict[str, Any]]:
     """A JSON array of items or ``{"items": [...]}``; items need a non-empty string title."""
     try:

@@ -2,45 +2,54 @@
 
 Each line is an entry ``{source_epic, timestamp, items[], consumed, claim_status, ...}``; legacy
 flat rows (an item's fields at the top level) are read too. Rewrites change only the lines they
-must, keep every unknown field and every unparsable line byte for byte, are atomic, and do not
-lose a line another process appended while we were rewriting.
+must, keep every unknown field, every unparsable line and every blank line byte for byte, are
+atomic, and do not lose a line another process appended while we were rewriting.
+
+Memory stays a few bytes per line and per item however large the file grows (a queue of 10^5 items
+is ~64 MB of JSON): :class:`HarvestedQueue` never holds the file or its parsed lines. Its index is
+where each non-blank line starts and ends, a SHA-256 of the bytes it covers and their last 4 KiB,
+and the rank keys of the selectable items — ints that also say which line and item they are.
+:meth:`HarvestedQueue.candidates` hands out a :class:`~evolve.work.item.LazyItems` that parses a
+line only when the ladder reads one of its items, from the very file the index describes (the view
+keeps it open); a rewrite streams the old file into the new one, replacing only the changed lines.
 
 The file is checked at every call (SPEC §6: re-read every source at each selection), but it is
-parsed again only where it changed. :class:`HarvestedQueue` keeps an index of the file: its lines
-(raw bytes), a ref → lines map and the ranked selectable items. Each call stats the file and then
+parsed again only where it changed. Each call stats the file and then
 
 * same inode, size, mtime and ctime → the index stands (unless the file was modified so close to
-  our read of it that a further write could have kept the same timestamps: then its lines are read
-  and compared once, as git does for "racily clean" entries);
+  our read of it that a further write could have kept the same timestamps: then its bytes are
+  hashed again and compared once, as git does for "racily clean" entries);
 * same inode, larger size, the last ≤ 4 KiB of the indexed region unchanged and that region ending
   in a newline → the file only grew: just the appended lines are parsed and their items ranked in
-  (after a racy read, the whole indexed region is compared instead of its last 4 KiB);
+  (after a racy read, the whole indexed region's hash is compared instead of its last 4 KiB);
 * anything else → the file is parsed again from scratch.
 
-A rewrite (claim, finalize, …) builds the new file from the index, finds its item through the ref
-map, and afterwards re-ranks only the lines it changed; lines salvaged from concurrent appenders
-come in through the append path. The tail check cannot see a same-length in-place edit further up
-that comes with an append, so before writing the file back a rewrite compares every indexed line
-if appends were taken on the tail check alone since the last full comparison.
+A rewrite (claim, finalize, …) finds its item where the selection found it (``WorkItem.locator``,
+checked against the line) or else by scanning the file, and afterwards re-ranks only the lines it
+changed; lines salvaged from concurrent appenders come in through the append path. The tail check
+cannot see a same-length in-place edit further up that comes with an append, so before writing the
+file back a rewrite compares the whole region's hash if appends were taken on the tail check alone.
 """
 
 from __future__ import annotations
 
 import bisect
 import gc
+import hashlib
 import os
 import tempfile
 import time
+import weakref
+from array import array
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from evolve.store.atomic import fsync_dir
-from evolve.work.item import ClaimLost, SourceError, WorkItem, clean_text
+from evolve.work.item import ClaimLost, LazyItems, SourceError, WorkItem, clean_text
 
 CONCRETE = ("bug", "tech-debt", "improvement", "feature", "pattern-fix", "task")
 PROCESS = ("process-improvement", "docs", "chore")
@@ -50,12 +59,11 @@ TAIL_CHECK = 4096  # bytes at the end of the indexed region that must be unchang
 RACY_NS = 10_000_000  # a write this close to our read may keep its timestamps (a coarse clock tick is ≤ 10 ms)
 COARSE_RACY_NS = 2_000_000_000  # the same where the filesystem keeps whole seconds
 _ITEM_BITS = 32  # file order of item ``ii`` of line ``li``: ``li << _ITEM_BITS | ii``
+_LOW = (1 << _ITEM_BITS) - 1
 _BULK = 32  # more new ranked items than this: extend and sort instead of inserting one by one
-_CHUNK = 1 << 18  # read size of a parse
+_CHUNK = 1 << 18  # read size of a parse, a hash or a copy
 _PROMOTE = 10_000  # new objects left alive by a parse above which they skip the young generations
-_KEY = itemgetter(0)
-
-Ranked = tuple[int, WorkItem]  # (packed rank key, item)
+_VIEW_CACHE = 64  # parsed lines a candidates view keeps (items of one line are often read together)
 
 
 @contextmanager
@@ -63,9 +71,9 @@ def gc_paused() -> Iterator[None]:
     """Pause the cyclic garbage collector over a bulk parse.
 
     Parsed JSON is acyclic, so a collection frees nothing, but its passes walk the whole growing
-    heap and make a large parse super-linear. If the parse left many new objects alive (the index),
-    they are moved straight to the oldest generation instead of being walked by a young collection
-    (then an older one) the moment the collector is back on; a full collection still visits them.
+    heap and make a large parse super-linear. If the parse left many new objects alive, they are
+    moved straight to the oldest generation instead of being walked by a young collection (then an
+    older one) the moment the collector is back on; a full collection still visits them.
     """
     was = gc.isenabled()
     if was:
@@ -114,33 +122,61 @@ class _Read:
     tail = b""
 
 
-def _read_lines(fd: int, offset: int, done: _Read, limit: int | None = None) -> Iterator[list[bytes]]:
-    """The non-blank lines (without newlines) from ``offset`` to the end of the file, or ``limit`` bytes.
+def _keep_tail(tail: bytes, data: bytes) -> bytes:
+    return data[-TAIL_CHECK:] if len(data) >= TAIL_CHECK else (tail + data)[-TAIL_CHECK:]
 
-    Read in chunks and yielded a chunk's lines at a time, so that each line is parsed while it is
-    still in the cache and the file is never held twice (whole and as lines).
-    """
+
+def _chunks(fd: int, offset: int, limit: int | None, done: _Read, digest: Any = None) -> Iterator[bytes]:
+    """The file's bytes from ``offset`` to its end (or ``limit`` bytes), a chunk at a time, fed to ``digest``."""
     pos = offset
     end = None if limit is None else offset + limit
-    carry = prev = last = b""
     while True:
         want = _CHUNK if end is None else min(_CHUNK, end - pos)
         chunk = os.pread(fd, want, pos) if want > 0 else b""
         if not chunk:
             break
         pos += len(chunk)
-        prev, last = last, chunk
+        if digest is not None:
+            digest.update(chunk)
+        done.tail = _keep_tail(done.tail, chunk)
+        yield chunk
+    done.size = pos - offset
+
+
+def _read_lines(
+    fd: int, offset: int, done: _Read, limit: int | None = None, digest: Any = None
+) -> Iterator[tuple[list[int], list[bytes]]]:
+    """The non-blank lines (without newlines) from ``offset`` on, with where each starts in the file.
+
+    Yielded a chunk's lines at a time, so that each line is parsed while it is still in the cache
+    and the file is never held whole.
+    """
+    carry = b""
+    at = offset  # where the line being assembled (``carry``) starts
+    for chunk in _chunks(fd, offset, limit, done, digest):
         parts = chunk.split(b"\n")
         if carry:
             parts[0] = carry + parts[0]
         carry = parts.pop()  # b"" when the chunk ended with a newline, else a line still being read
-        lines = [raw for raw in parts if raw.strip()]
+        starts: list[int] = []
+        lines: list[bytes] = []
+        for raw in parts:
+            if raw.strip():
+                starts.append(at)
+                lines.append(raw)
+            at += len(raw) + 1
         if lines:
-            yield lines
+            yield starts, lines
     if carry.strip():
-        yield [carry]
-    done.size = pos - offset
-    done.tail = last[-TAIL_CHECK:] if len(last) >= TAIL_CHECK else (prev + last)[-TAIL_CHECK:]
+        yield [at], [carry]
+
+
+def _hash_region(fd: int, size: int) -> tuple[bytes, _Read]:
+    digest = hashlib.sha256()
+    done = _Read()
+    for _ in _chunks(fd, 0, size, done, digest):
+        pass
+    return digest.digest(), done
 
 
 def item_ref(entry: dict[str, Any], item: dict[str, Any]) -> str:
@@ -205,31 +241,137 @@ def _sig(st: os.stat_result) -> tuple[int, int, int, int]:
     return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-class _Edit:
-    """One rewrite's view of the file: items found through the ref map, lines parsed on demand."""
+def _where(key: int) -> tuple[int, int]:
+    """``(line, item)`` of a packed rank key."""
+    return (key >> _ITEM_BITS) & _LOW, key & _LOW
 
-    def __init__(self, queue: HarvestedQueue) -> None:
+
+class _View:
+    """The file as the index last saw it, kept open, turning rank keys into WorkItems on demand.
+
+    A rewrite replaces the file by renaming a new one over it, so the old inode — the one these
+    offsets describe — stays readable here for as long as the view lives.
+    """
+
+    def __init__(self, queue: HarvestedQueue, fd: int, keys: list[int]) -> None:
+        self._queue = queue
+        self._fd = fd
+        weakref.finalize(self, os.close, fd)
+        self._keys = keys
+        self._starts = array("q", queue._starts)
+        self._ends = array("q", queue._ends)
+        self._cache: dict[int, dict[str, Any] | None] = {}
+
+    def _line(self, li: int) -> dict[str, Any] | None:
+        if li in self._cache:
+            return self._cache[li]
+        start = self._starts[li]
+        entry = _parse(os.pread(self._fd, self._ends[li] - start, start))
+        if len(self._cache) >= _VIEW_CACHE:
+            del self._cache[next(iter(self._cache))]
+        self._cache[li] = entry
+        return entry
+
+    def item(self, i: int) -> WorkItem:
+        li, ii = _where(self._keys[i])
+        entry = self._line(li)
+        items = entry_items(entry) if entry is not None else []
+        if ii < len(items):
+            return self._queue._to_item(entry or {}, items[ii], locator=(li, ii))
+        # Only an in-place edit of a file we just read gets here; a claim of this ref is then refused.
+        return WorkItem(source=self._queue.name, ref=f"changed-on-disk:line={li + 1}:item={ii + 1}", title="")
+
+
+class _Edit:
+    """One rewrite's view of the file: it finds the item to change and records the lines it changed."""
+
+    def __init__(self, queue: HarvestedQueue, fd: int | None) -> None:
         self.queue = queue
-        self.changed: dict[int, dict[str, Any]] = {}
+        self.fd = fd
+        self.changed: dict[int, dict[str, Any]] = {}  # line → its new content
+        self.before: dict[int, bytes] = {}  # line → its bytes in the file being rewritten
+
+    def _raw(self, li: int) -> bytes:
+        assert self.fd is not None
+        start = self.queue._starts[li]
+        return os.pread(self.fd, self.queue._ends[li] - start, start)
+
+    def _entry(self, li: int, raw: bytes | None = None) -> dict[str, Any] | None:
+        if li in self.changed:
+            return self.changed[li]
+        return _parse(self._raw(li) if raw is None else raw)
 
     def find(
-        self, ref: str, want: Callable[[dict[str, Any], dict[str, Any]], bool]
+        self, item: WorkItem, want: Callable[[dict[str, Any], dict[str, Any]], bool]
     ) -> tuple[int, dict[str, Any], dict[str, Any]] | None:
-        """The first item in file order with this ref that ``want`` accepts: ``(line, entry, item)``."""
-        lines = self.queue._refs.get(ref)
-        if lines is None:
+        """``item`` where the selection saw it if it is still there and ``want`` accepts it, else the
+        first item in file order with its ref that ``want`` accepts: ``(line, entry, item)``."""
+        if self.fd is None:
             return None
-        for li in (lines,) if isinstance(lines, int) else lines:
-            entry = self.changed.get(li) or _parse(self.queue._raw[li])
-            if entry is None:
-                continue
-            for item in entry_items(entry):
-                if item_ref(entry, item) == ref and want(entry, item):
-                    return li, entry, item
+        ref = item.ref
+        hint = item.locator
+        if isinstance(hint, tuple) and len(hint) == 2 and 0 <= hint[0] < len(self.queue._starts):
+            li, ii = hint
+            entry = self._entry(li)
+            items = entry_items(entry) if entry is not None else []
+            if isinstance(ii, int) and 0 <= ii < len(items):
+                it = items[ii]
+                if item_ref(entry or {}, it) == ref and want(entry or {}, it):
+                    return li, entry or {}, it
+        li = 0
+        with gc_paused():
+            for _, lines in _read_lines(self.fd, 0, _Read(), self.queue._size):
+                for raw in lines:
+                    entry = self._entry(li, raw)
+                    if entry is not None:
+                        for it in entry_items(entry):
+                            if item_ref(entry, it) == ref and want(entry, it):
+                                return li, entry, it
+                    li += 1
         return None
 
     def mark(self, li: int, entry: dict[str, Any]) -> None:
+        if li not in self.before:
+            self.before[li] = self._raw(li)
         self.changed[li] = entry
+
+
+class _Changed(Exception):
+    """The file shrank under a rewrite that was copying it."""
+
+
+class _Out:
+    """The new file of a rewrite being written: its size, hash and last :data:`TAIL_CHECK` bytes."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.size = 0
+        self.digest = hashlib.sha256()
+        self.tail = b""
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view) :]
+        self.digest.update(data)
+        self.size += len(data)
+        self.tail = _keep_tail(self.tail, data)
+
+    def copy(self, src: int, start: int, end: int) -> None:
+        done = _Read()
+        for chunk in _chunks(src, start, end - start, done):
+            self.write(chunk)
+        if done.size != end - start:
+            raise _Changed
+
+
+class _Written:
+    """A rewrite's new file, written and synced but not yet in place."""
+
+    def __init__(self, tmp: str, st: os.stat_result, out: _Out, starts: array[int], ends: array[int]) -> None:
+        self.tmp, self.st = tmp, st
+        self.size, self.digest, self.tail = out.size, out.digest, out.tail
+        self.starts, self.ends = starts, ends
 
 
 class HarvestedQueue:
@@ -250,38 +392,50 @@ class HarvestedQueue:
         self._ino: int | None = None  # inode the index describes; None: no index
         self._sig: tuple[int, int, int, int] | None = None  # the stat it matches exactly, when known
         self._racy = True  # the stat alone cannot prove the file unchanged
-        self._unverified = False  # appends were taken on the last 4 KiB alone since every line was compared
+        self._unverified = False  # appends were taken on the last 4 KiB alone since the whole region was compared
         self._size = 0  # bytes of the file the index covers
         self._tail = b""  # the last TAIL_CHECK of them
-        self._raw: list[bytes] = []  # non-blank lines, without newlines
-        self._refs: dict[str, int | list[int]] = {}  # item ref → line(s), ascending
+        self._digest = hashlib.sha256()  # … and their hash, open for appended bytes
+        self._starts: array[int] = array("q")  # where each non-blank line starts
+        self._ends: array[int] = array("q")  # … and ends (before its newline)
         self._keys: list[int] = []  # packed rank keys of the selectable items, ascending
-        self._items: list[WorkItem] = []  # those items, in the same order
         self.malformed = 0
 
-    def _refresh(self) -> None:
-        """Make the index describe the file as it is now."""
+    @property
+    def lines(self) -> int:
+        """Non-blank lines in the file as last read."""
+        return len(self._starts)
+
+    def _open(self) -> int | None:
+        """The file open, with the index made to describe it (the caller closes it); None: no file."""
         known = time.time_ns()
         try:
             fd = os.open(self.path, os.O_RDONLY)
         except FileNotFoundError:
             self._forget()
-            return
+            return None
         except OSError as exc:
             raise SourceError(f"cannot read {self.path}: {exc}") from exc
         try:
             self._sync(fd, os.fstat(fd), known)
-        except OSError as exc:
-            raise SourceError(f"cannot read {self.path}: {exc}") from exc
-        finally:
+        except BaseException as exc:
+            os.close(fd)
+            if isinstance(exc, OSError):
+                raise SourceError(f"cannot read {self.path}: {exc}") from exc
+            raise
+        return fd
+
+    def _refresh(self) -> None:
+        fd = self._open()
+        if fd is not None:
             os.close(fd)
 
     def _sync(self, fd: int, st: os.stat_result, known: int, *, strict: bool = False) -> None:
         """Reuse, extend or rebuild the index for the open file ``fd`` (stat ``st``, read after ``known``).
 
-        ``strict`` (before a rewrite, which writes the file back from the index): if appends were
-        taken on the strength of the last 4 KiB alone, compare every indexed line first, so that an
-        in-place edit further up is never written over.
+        ``strict`` (before a rewrite, which copies the file from the index's line positions): if
+        appends were taken on the strength of the last 4 KiB alone, compare the whole region first,
+        so that an in-place edit further up is never written over.
         """
         try:
             if st.st_ino == self._ino:
@@ -313,10 +467,9 @@ class HarvestedQueue:
         return os.pread(fd, n, self._size - n) == self._tail
 
     def _same_lines(self, fd: int) -> bool:
-        """The indexed region, read again, holds exactly the indexed lines."""
-        done = _Read()
-        raws = [raw for lines in _read_lines(fd, 0, done, self._size) for raw in lines]
-        if done.size != self._size or raws != self._raw:
+        """The indexed region, read again, holds exactly the bytes indexed (its hash is the same)."""
+        digest, done = _hash_region(fd, self._size)
+        if done.size != self._size or digest != self._digest.digest():
             return False
         self._tail = done.tail
         return True
@@ -333,10 +486,9 @@ class HarvestedQueue:
     def _rebuild(self, fd: int, st: os.stat_result, known: int) -> None:
         self._forget()
         done = _Read()
-        ranked = self._index(fd, 0, done)
-        ranked.sort(key=_KEY)
-        self._keys = [k for k, _ in ranked]
-        self._items = [w for _, w in ranked]
+        keys = self._index(fd, 0, done)
+        keys.sort()
+        self._keys = keys
         self._size, self._tail = done.size, done.tail
         self._record(st, known)
 
@@ -344,19 +496,20 @@ class HarvestedQueue:
         done = _Read()
         self._insert(self._index(fd, self._size, done))
         self._size += done.size
-        self._tail = (self._tail + done.tail)[-TAIL_CHECK:]
+        self._tail = _keep_tail(self._tail, done.tail)
         self._record(st, known)
 
-    def _index(self, fd: int, offset: int, done: _Read) -> list[Ranked]:
-        """Read and parse the lines from ``offset`` on, appending them to the index: their refs mapped,
-        the malformed counted; returns their ranked items, unsorted."""
-        out: list[Ranked] = []
-        raws = self._raw
+    def _index(self, fd: int, offset: int, done: _Read) -> list[int]:
+        """Read, hash and parse the lines from ``offset`` on, adding their positions to the index and
+        counting the malformed; returns the rank keys of their selectable items, unsorted."""
+        out: list[int] = []
+        starts, ends = self._starts, self._ends
         with gc_paused():
-            for lines in _read_lines(fd, offset, done):
-                li = len(raws)
-                raws.extend(lines)
-                for raw in lines:
+            for at, lines in _read_lines(fd, offset, done, digest=self._digest):
+                li = len(starts)
+                for start, raw in zip(at, lines, strict=True):
+                    starts.append(start)
+                    ends.append(start + len(raw))
                     obj = _parse(raw)
                     if obj is None:
                         self.malformed += 1
@@ -365,106 +518,100 @@ class HarvestedQueue:
                     li += 1
         return out
 
-    def _scan(self, li: int, entry: dict[str, Any], out: list[Ranked]) -> None:
-        """Map the refs of line ``li``'s items and rank its selectable ones into ``out``."""
-        refs = self._refs
-        open_entry = entry.get("consumed") is not True
+    def _ranked(self, li: int, entry: dict[str, Any]) -> Iterator[int]:
+        """The rank keys of line ``li``'s selectable items (``entry`` is its content)."""
+        if entry.get("consumed") is True:
+            return
         for ii, item in enumerate(entry_items(entry)):
-            ref = item_ref(entry, item)
-            have = refs.get(ref)
-            if have is None:
-                refs[ref] = li
-            elif isinstance(have, int):
-                if have != li:
-                    refs[ref] = [have, li] if have < li else [li, have]
-            elif have[-1] < li:
-                have.append(li)
-            else:
-                k = bisect.bisect_left(have, li)
-                if have[k] != li:
-                    have.insert(k, li)
-            if open_entry and item_selectable(entry, item):
-                scope = _scope_rank(item, self.repo_names)
-                if scope is not None:
-                    out.append(
-                        (_packed_key(item, li << _ITEM_BITS | ii, scope, self.quality), self._to_item(entry, item, ref))
-                    )
-
-    def _unindex(self, li: int, entry: dict[str, Any]) -> None:
-        """Take line ``li`` (as ``entry``, its content when indexed) out of the ref map and the ranking."""
-        keys = self._keys
-        for ii, item in enumerate(entry_items(entry)):
-            ref = item_ref(entry, item)
-            have = self._refs.get(ref)
-            if have == li:
-                del self._refs[ref]
-            elif isinstance(have, list) and li in have:
-                have.remove(li)
-                if len(have) == 1:
-                    self._refs[ref] = have[0]
             if item_selectable(entry, item):
                 scope = _scope_rank(item, self.repo_names)
                 if scope is not None:
-                    key = _packed_key(item, li << _ITEM_BITS | ii, scope, self.quality)
-                    k = bisect.bisect_left(keys, key)
-                    if k < len(keys) and keys[k] == key:
-                        del keys[k]
-                        del self._items[k]
+                    yield _packed_key(item, li << _ITEM_BITS | ii, scope, self.quality)
 
-    def _insert(self, new: list[Ranked]) -> None:
-        """Rank new items in (their keys are new: their lines were not indexed, or were unindexed)."""
+    def _scan(self, li: int, entry: dict[str, Any], out: list[int]) -> None:
+        out.extend(self._ranked(li, entry))
+
+    def _unindex(self, li: int, entry: dict[str, Any]) -> None:
+        """Take line ``li``'s items (``entry``, its content when indexed) out of the ranking."""
+        keys = self._keys
+        for key in self._ranked(li, entry):
+            k = bisect.bisect_left(keys, key)
+            if k < len(keys) and keys[k] == key:
+                del keys[k]
+
+    def _insert(self, new: list[int]) -> None:
+        """Rank new keys in (they are new: their lines were not indexed, or were unindexed)."""
         if len(new) > _BULK:
-            new.extend(zip(self._keys, self._items, strict=True))
-            new.sort(key=_KEY)
-            self._keys = [k for k, _ in new]
-            self._items = [w for _, w in new]
+            new.extend(self._keys)
+            new.sort()
+            self._keys = new
             return
-        for key, item in new:
-            k = bisect.bisect_left(self._keys, key)
-            self._keys.insert(k, key)
-            self._items.insert(k, item)
+        for key in new:
+            bisect.insort(self._keys, key)
 
     # -- WorkSource --------------------------------------------------------------------------
 
-    def candidates(self) -> list[WorkItem]:
-        self._refresh()
-        return list(self._items)
+    def candidates(self, since_line: int = 0) -> LazyItems:
+        """The selectable items, best first, read from the file as they are looked at.
+
+        ``since_line``: only items on that non-blank line or a later one (what was just appended).
+        """
+        fd = self._open()
+        if fd is None:
+            return LazyItems(0, _no_item)
+        keys = self._keys if since_line <= 0 else [k for k in self._keys if _where(k)[0] >= since_line]
+        if not keys:
+            os.close(fd)
+            return LazyItems(0, _no_item)
+        return LazyItems(len(keys), _View(self, fd, list(keys)).item)
 
     def preview_item(self, item: dict[str, Any]) -> WorkItem:
         """The WorkItem a not-yet-queued item would become (for --dry-run)."""
         return self._to_item({"source_epic": "evolve-generator"}, item)
 
-    def _to_item(self, entry: dict[str, Any], item: dict[str, Any], ref: str | None = None) -> WorkItem:
+    def _to_item(self, entry: dict[str, Any], item: dict[str, Any], locator: Any = None) -> WorkItem:
         return WorkItem(
             source=self.name,
-            ref=item_ref(entry, item) if ref is None else ref,
+            ref=item_ref(entry, item),
             title=fast_clean(item.get("title", "")),
             description=str(item.get("description", ""))[:4000],
             type=str(item.get("type", "")),
             severity=str(item.get("severity", "")),
             created_at=item.get("timestamp") or entry.get("timestamp"),
             data=item,
+            locator=locator,
         )
 
-    def existing_keys(self) -> set[str]:
-        """Dedup keys and normalised titles of every item, open or consumed (for generators)."""
+    def known_keys(self, wanted: set[str]) -> set[str]:
+        """Which of ``wanted`` (dedup keys, normalised titles) some item in the file, open or consumed,
+        already has (for generators and reported follow-ups). Streams the file."""
         from evolve.work.generators import item_keys
 
-        self._refresh()
-        keys: set[str] = set()
-        with gc_paused():
-            for raw in self._raw:
-                entry = _parse(raw)
-                if entry is not None:
-                    for item in entry_items(entry):
-                        keys |= item_keys(item)
-        return keys
+        found: set[str] = set()
+        if not wanted:
+            return found
+        fd = self._open()
+        if fd is None:
+            return found
+        try:
+            with gc_paused():
+                for _, lines in _read_lines(fd, 0, _Read(), self._size):
+                    for raw in lines:
+                        entry = _parse(raw)
+                        if entry is not None:
+                            for item in entry_items(entry):
+                                found |= item_keys(item) & wanted
+        except OSError as exc:
+            raise SourceError(f"cannot read {self.path}: {exc}") from exc
+        finally:
+            os.close(fd)
+        return found
 
     # -- lifecycle -------------------------------------------------------------------------
 
     def claim(self, item: WorkItem, claimer: str, now: str) -> None:
         def mutate(edit: _Edit) -> bool:
-            found = edit.find(item.ref, item_selectable)
+            found = edit.find(item, item_selectable)
             if found is None:
                 raise ClaimLost(item.ref)
             li, entry, it = found
@@ -477,7 +624,7 @@ class HarvestedQueue:
     def finalize(self, item: WorkItem, claimer: str, now: str) -> None:
         def mutate(edit: _Edit) -> bool:
             found = edit.find(
-                item.ref, lambda e, i: i.get("claim_status") == "in_progress" and i.get("claimed_by") == claimer
+                item, lambda e, i: i.get("claim_status") == "in_progress" and i.get("claimed_by") == claimer
             )
             if found is None:
                 return False
@@ -493,7 +640,7 @@ class HarvestedQueue:
     def release(self, item: WorkItem, claimer: str | None, now: str, reason: str) -> None:
         def mutate(edit: _Edit) -> bool:
             found = edit.find(
-                item.ref,
+                item,
                 lambda e, i: (
                     i.get("claim_status") == "in_progress" and (claimer is None or i.get("claimed_by") == claimer)
                 ),
@@ -511,7 +658,7 @@ class HarvestedQueue:
         """Set scout outcome fields (``disposition``, ``status``, ``split_into``) on an open item."""
 
         def mutate(edit: _Edit) -> bool:
-            found = edit.find(item.ref, lambda e, i: i.get("consumed") is not True)
+            found = edit.find(item, lambda e, i: i.get("consumed") is not True)
             if found is None:
                 return False
             li, entry, it = found
@@ -525,7 +672,7 @@ class HarvestedQueue:
         """Hold an item out of selection (attempt budget spent): ``status: "blocked"``."""
 
         def mutate(edit: _Edit) -> bool:
-            found = edit.find(item.ref, lambda e, i: i.get("consumed") is not True)
+            found = edit.find(item, lambda e, i: i.get("consumed") is not True)
             if found is None:
                 return False
             li, entry, it = found
@@ -550,72 +697,100 @@ class HarvestedQueue:
                 fd = os.open(self.path, os.O_RDONLY)
             except FileNotFoundError:
                 self._forget()
-                mutate(_Edit(self))  # raises ClaimLost for a claim; nothing to finalize or release
+                mutate(_Edit(self, None))  # raises ClaimLost for a claim; nothing to finalize or release
                 return False
             try:
                 st = os.fstat(fd)
-                self._sync(fd, st, known, strict=True)  # the index now holds bytes [0, self._size) of this file
-                edit = _Edit(self)
+                self._sync(fd, st, known, strict=True)  # the index now describes bytes [0, self._size) of fd
+                edit = _Edit(self, fd)
                 if not mutate(edit):
                     return False
-                raws = self._raw.copy()
-                for li, entry in edit.changed.items():
-                    raws[li] = orjson.dumps(entry)
-                out = b"\n".join(raws) + b"\n" if raws else b""
-                tmp, tmp_st = self._write_temp(out, st.st_mode & 0o7777)
+                try:
+                    new = self._write_new(fd, edit, st.st_mode & 0o7777)
+                except _Changed:
+                    new = None
                 now_st = os.stat(self.path)
-                if (now_st.st_ino, now_st.st_size, now_st.st_mtime_ns) != (st.st_ino, self._size, st.st_mtime_ns):
-                    os.unlink(tmp)
+                if new is None or (now_st.st_ino, now_st.st_size, now_st.st_mtime_ns) != (
+                    st.st_ino,
+                    self._size,
+                    st.st_mtime_ns,
+                ):
+                    if new is not None:
+                        os.unlink(new.tmp)
                     time.sleep(min(0.05, 0.001 * (1 << attempt)))  # let a burst of writes pass
                     continue  # someone wrote meanwhile: start again from the new contents
                 replaced = time.time_ns()
-                os.replace(tmp, self.path)
+                os.replace(new.tmp, self.path)
                 self._salvage(fd, self._size)
                 fsync_dir(self.path.parent)
-                self._replaced(edit, raws, out, tmp_st, replaced)
+                self._replaced(edit, new, replaced)
                 return True
             finally:
                 os.close(fd)
         raise SourceError(f"{self.path} kept changing; gave up rewriting after {attempts} attempts")
 
-    def _replaced(self, edit: _Edit, raws: list[bytes], out: bytes, tmp_st: os.stat_result, replaced: int) -> None:
+    def _write_new(self, fd: int, edit: _Edit, mode: int) -> _Written:
+        """Stream the indexed region of ``fd`` into a synced temp file, the changed lines replaced."""
+        tfd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        try:
+            out = _Out(tfd)
+            starts, ends = array("q", self._starts), array("q", self._ends)
+            pos = shift = 0
+            prev = 0
+            for li in sorted(edit.changed):
+                out.copy(fd, pos, starts[li])
+                data = orjson.dumps(edit.changed[li])
+                out.write(data)
+                pos = ends[li]
+                if shift:  # the lines between the previous change and this one move by the same amount
+                    starts[prev:li] = array("q", [x + shift for x in starts[prev:li]])
+                    ends[prev:li] = array("q", [x + shift for x in ends[prev:li]])
+                starts[li] += shift
+                ends[li] = starts[li] + len(data)
+                shift += len(data) - (pos - self._starts[li])
+                prev = li + 1
+            out.copy(fd, pos, self._size)
+            if shift:
+                starts[prev:] = array("q", [x + shift for x in starts[prev:]])
+                ends[prev:] = array("q", [x + shift for x in ends[prev:]])
+            if out.size and not out.tail.endswith(b"\n"):
+                out.write(b"\n")  # a last line without its newline: appenders start on a line of their own
+            os.fchmod(tfd, mode)
+            os.fsync(tfd)
+            written = _Written(tmp, os.fstat(tfd), out, starts, ends)
+        except BaseException:
+            os.close(tfd)
+            os.unlink(tmp)
+            raise
+        os.close(tfd)
+        return written
+
+    def _replaced(self, edit: _Edit, new: _Written, replaced: int) -> None:
         """Update the index to the file we just put in place: re-rank the changed lines only."""
         try:
             with gc_paused():
                 for li, entry in edit.changed.items():
-                    before = _parse(self._raw[li])
+                    before = _parse(edit.before[li])
                     if before is not None:
                         self._unindex(li, before)
-                    new: list[Ranked] = []
-                    self._scan(li, entry, new)
-                    self._insert(new)
-            self._raw = raws
-            self._size = len(out)
-            self._tail = out[-TAIL_CHECK:]
+                    added: list[int] = []
+                    self._scan(li, entry, added)
+                    self._insert(added)
+            self._starts, self._ends = new.starts, new.ends
+            self._size, self._tail, self._digest = new.size, new.tail, new.digest
             st = os.stat(self.path)
-            if st.st_ino != tmp_st.st_ino or st.st_size < len(out):
+            if st.st_ino != new.st.st_ino or st.st_size < new.size:
                 self._forget()  # replaced or truncated by someone else already
                 return
-            self._ino = tmp_st.st_ino
-            self._racy = _racy(tmp_st.st_mtime_ns, replaced)
-            if st.st_size == len(out) and st.st_mtime_ns == tmp_st.st_mtime_ns:
+            self._ino = new.st.st_ino
+            self._racy = _racy(new.st.st_mtime_ns, replaced)
+            if st.st_size == new.size and st.st_mtime_ns == new.st.st_mtime_ns:
                 self._sig = _sig(st)
             else:
                 self._sig = None  # salvaged or freshly appended lines: the append path parses them
             self._refresh()
         except (OSError, SourceError):
             self._forget()
-
-    def _write_temp(self, data: bytes, mode: int) -> tuple[str, os.stat_result]:
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
-        try:
-            os.write(fd, data)
-            os.fchmod(fd, mode)
-            os.fsync(fd)
-            st = os.fstat(fd)
-        finally:
-            os.close(fd)
-        return tmp, st
 
     def _salvage(self, old_fd: int, seen: int) -> None:
         """Copy lines appended to the old file between our stat and our replace into the new one."""
@@ -635,6 +810,10 @@ class HarvestedQueue:
 
     def append_entry(self, entry: dict[str, Any]) -> None:
         append_bytes(self.path, orjson.dumps(entry, option=orjson.OPT_APPEND_NEWLINE))
+
+
+def _no_item(i: int) -> WorkItem:
+    raise IndexError(i)
 
 
 def append_bytes(path: Path, data: bytes) -> None:

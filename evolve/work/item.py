@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
 
@@ -36,6 +36,8 @@ class WorkItem:
     severity: str = ""
     created_at: str | None = None
     data: Mapping[str, Any] = field(default_factory=dict)
+    # Where the source found the item, for its own lifecycle calls (a hint it re-verifies): not identity.
+    locator: Any = field(default=None, compare=False, repr=False)
 
     @property
     def is_red_reducing(self) -> bool:
@@ -56,6 +58,44 @@ class WorkItem:
         }
 
 
+class LazyItems(Sequence[WorkItem]):
+    """A source's ranked items, each turned into a WorkItem only when read (and then kept).
+
+    The ladder stops at the first eligible item and looks a few past it, so a selection converts a
+    handful of a long rung, not all of it.
+    """
+
+    def __init__(self, count: int, make: Callable[[int], WorkItem]) -> None:
+        self._make = make
+        self._items: list[WorkItem | None] = [None] * count
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @overload
+    def __getitem__(self, i: int) -> WorkItem: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[WorkItem]: ...
+    def __getitem__(self, i: int | slice) -> WorkItem | list[WorkItem]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        item = self._items[i]
+        if item is None:
+            item = self._items[i] = self._make(i % len(self._items) if i < 0 else i)
+        return item
+
+    def __iter__(self) -> Iterator[WorkItem]:
+        for i in range(len(self._items)):
+            yield self[i]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (LazyItems, list, tuple)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 class SourceError(Exception):
     """A source could not be read (a probe error): never to be mistaken for "no work"."""
 
@@ -69,7 +109,7 @@ class WorkSource(Protocol):
 
     name: str
 
-    def candidates(self) -> list[WorkItem]:
+    def candidates(self) -> Sequence[WorkItem]:
         """Selectable items in the source's own priority order; raises SourceError."""
         ...
 
