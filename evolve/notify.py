@@ -26,6 +26,7 @@ import orjson
 
 from evolve.paths import Paths
 from evolve.status import FIRES_FILE
+from evolve.store.atomic import NOFOLLOW
 from evolve.timeutil import utc_iso
 
 Observer = Callable[[str, dict[str, Any]], None]
@@ -177,7 +178,7 @@ def append_line(path: Path, obj: Mapping[str, Any]) -> None:
     """
     data = orjson.dumps(dict(obj), default=str, option=orjson.OPT_APPEND_NEWLINE)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | NOFOLLOW, 0o644)  # a planted symlink: refused
     try:
         size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":

@@ -71,9 +71,9 @@ class Env:
         base.update(extra)
         return base
 
-    def steps(self, steps: list[dict[str, Any]]) -> None:
-        """Set the scripted agent's steps (and restart its position)."""
-        self.script.write_bytes(orjson.dumps({"steps": steps}))
+    def steps(self, steps: list[dict[str, Any]], *, loop: bool = False) -> None:
+        """Set the scripted agent's steps (and restart its position); ``loop``: start again after the last."""
+        self.script.write_bytes(orjson.dumps({"steps": steps, "loop": loop}))
         self.script.with_name(self.script.name + ".pos").unlink(missing_ok=True)
 
     def calls(self) -> list[dict[str, Any]]:

@@ -40,3 +40,32 @@ def test_a_group_with_a_running_member_is_alive_until_killed() -> None:
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+
+
+def test_a_leader_that_exits_leaving_a_child_on_the_pipe_ends_the_run(tmp_path: Path) -> None:
+    """An agent that started a background process holding its stdout is done when it exits: its
+    output is drained for a moment, the child is killed with the group, and no timeout is reported."""
+    import os
+    import sys
+
+    from evolve.agent.process import LINGER_S, run_group
+
+    script = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "open(sys.argv[1], 'w').write(str(child.pid))\n"
+        "print('started the server', flush=True)\n"
+    )
+    pid_file = tmp_path / "child.pid"
+    started = time.monotonic()
+    res = run_group([sys.executable, "-c", script, str(pid_file)], cwd=tmp_path, env=dict(os.environ),
+                    timeout_s=60, idle_timeout_s=30)
+    took = time.monotonic() - started
+    assert res.returncode == 0 and not res.timed_out and not res.interrupted
+    assert "started the server" in res.output_tail
+    assert took < LINGER_S + 10, took  # not the 30 s idle timeout
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child}").exists() and _state(child) != "Z":
+        assert time.monotonic() < deadline, "the background child outlived the run"
+        time.sleep(0.05)

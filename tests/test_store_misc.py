@@ -398,3 +398,52 @@ def test_is_locked_by_other_absent_file_does_not_create_it(tmp_path: Path) -> No
     path.write_bytes(b"")
     assert is_locked_by_other(path) is False
     assert path.exists()
+
+
+def test_sweep_temps_removes_only_old_temps_of_dead_writers(tmp_path: Path) -> None:
+    from evolve.store.atomic import sweep_temps
+
+    old = time.time() - 600
+    names = {
+        ".session-state.json.ab12cd_9.tmp": True,  # a dead writer's: removed
+        ".next-work.jsonl.zz99yy00.tmp": True,
+        ".cycle-state.json.abcdefgh.tmp": False,  # fresh: a write may be in progress
+        "session-state.json": True,  # not a temp file
+        ".session-state.json.short.tmp": True,  # not mkstemp's name
+    }
+    for name, aged in names.items():
+        p = tmp_path / name
+        p.write_text("x")
+        if aged:
+            os.utime(p, (old, old))
+    (tmp_path / ".dir.abcdefgh.tmp").mkdir()  # not a regular file
+    os.utime(tmp_path / ".dir.abcdefgh.tmp", (old, old))
+    removed = sweep_temps(tmp_path, older_than_s=60)
+    assert sorted(removed) == [".next-work.jsonl.zz99yy00.tmp", ".session-state.json.ab12cd_9.tmp"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".cycle-state.json.abcdefgh.tmp", ".dir.abcdefgh.tmp", ".session-state.json.short.tmp", "session-state.json"]
+    (tmp_path / ".x.jsonl.abcdefgh.tmp").write_text("x")
+    os.utime(tmp_path / ".x.jsonl.abcdefgh.tmp", (old, old))
+    assert sweep_temps(tmp_path, older_than_s=60, only="next-work.jsonl") == []
+    assert sweep_temps(tmp_path / "missing", older_than_s=60) == []
+
+
+def test_a_crashpoint_kills_at_the_chosen_occurrence_and_is_inert_otherwise(tmp_path: Path) -> None:
+    import signal
+
+    code = (
+        "import sys\n"
+        "from evolve import crashpoint\n"
+        "for n in range(1, 4):\n"
+        "    crashpoint.reached('other')\n"
+        "    crashpoint.reached('point', lambda: open(sys.argv[1], 'a').write(f'mark {n}\\n'))\n"
+        "    print(n, flush=True)\n"
+    )
+    marks = tmp_path / "marks"
+    env = {k: v for k, v in os.environ.items() if k != "EVOLVE_CRASHPOINT"}
+    p = subprocess.run([sys.executable, "-c", code, str(marks)], capture_output=True, text=True,
+                       env={**env, "EVOLVE_CRASHPOINT": "point:2"})
+    assert p.returncode == -signal.SIGKILL and p.stdout.split() == ["1"]
+    assert marks.read_text() == "mark 2\n"
+    p = subprocess.run([sys.executable, "-c", code, str(marks)], capture_output=True, text=True, env=env)
+    assert p.returncode == 0 and p.stdout.split() == ["1", "2", "3"]

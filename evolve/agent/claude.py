@@ -23,6 +23,7 @@ from evolve.agent.process import run_group
 from evolve.agent.report import AgentReport
 from evolve.config import AgentConfig
 from evolve.secrets import secret_values
+from evolve.store.atomic import write_new
 
 
 class ClaudeRunner:
@@ -127,8 +128,8 @@ class ClaudeRunner:
         stdin = self.stdin_file(inv)
         try:
             if not inv.resume:
-                system.write_text(inv.orientation.system(), encoding="utf-8")
-            stdin.write_text(self.prompt_text(inv), encoding="utf-8")
+                write_new(system, inv.orientation.system().encode("utf-8"))
+            write_new(stdin, self.prompt_text(inv).encode("utf-8"))
             state = stream.StreamState()
             env, _ = self.env(inv)
 

@@ -21,6 +21,7 @@ from evolve.agent.prompt import Orientation
 from evolve.agent.report import AgentReport, parse_report
 from evolve.config import AgentConfig
 from evolve.secrets import secret_values
+from evolve.store.atomic import write_new
 from evolve.work.item import WorkItem
 
 PLACEHOLDER = re.compile(r"\{(prompt_file|report_file|session_id|mode|work_json|cycle)\}")
@@ -126,7 +127,7 @@ class CommandRunner:
         stop: threading.Event | None,
         on_heartbeat: Callable[[float], None] | None,
     ) -> AgentReport:
-        inv.prompt_file.write_text(inv.prompt, encoding="utf-8")
+        write_new(inv.prompt_file, inv.prompt.encode("utf-8"))
         inv.report_file.unlink(missing_ok=True)
         argv = substitute(self.cfg.argv, inv.values())
         env, _ = child_env(self.base_env, inv)

@@ -40,7 +40,7 @@ from evolve import __version__, gitops
 from evolve.agent.command import Invocation
 from evolve.agent.report import AgentReport, Usage, parse_report
 from evolve.config import AgentConfig
-from evolve.store.atomic import write_json
+from evolve.store.atomic import write_json, write_new
 from evolve.timeutil import utc_iso
 from evolve.work.item import clean_text
 
@@ -505,8 +505,8 @@ class HttpRunner:
         if not diff.endswith("\n"):
             diff += "\n"
         inv.run_dir.mkdir(parents=True, exist_ok=True)
-        patch = (inv.run_dir / f"cycle-{inv.cycle}.diff").resolve()
-        patch.write_text(diff, encoding="utf-8")
+        patch = inv.run_dir.resolve() / f"cycle-{inv.cycle}.diff"
+        write_new(patch, diff.encode("utf-8"))
         stat = self._git(repo, "apply", "--numstat", "-z", str(patch))
         if stat.returncode != 0:
             return _first_error(stat.stderr) or f"git apply --numstat exited {stat.returncode}"

@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from evolve.secrets import redact_bytes
+from evolve.store.atomic import open_artifact
 
 GRACE_S = 5.0
+LINGER_S = 1.0  # output still read after the leader exits while its background children hold the pipe
 
 
 @dataclass(frozen=True)
@@ -125,8 +127,9 @@ def run_group(
 ) -> ProcessResult:
     """Run ``argv`` (never through a shell) and wait for it under the timeouts."""
     start = time.monotonic()
-    log = open(log_path, "ab") if log_path else None  # noqa: SIM115 - closed in finally
-    err = open(stderr_path, "ab") if stderr_path else None  # noqa: SIM115 - closed below
+    # Agent output: owner-only, and never written through a symlink planted in the runs directory.
+    log = os.fdopen(open_artifact(log_path), "ab") if log_path else None
+    err = os.fdopen(open_artifact(stderr_path), "ab") if stderr_path else None
     inp = open(stdin_path, "rb") if stdin_path else None  # noqa: SIM115 - closed below
     try:
         proc = subprocess.Popen(
@@ -161,6 +164,7 @@ def run_group(
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
     eof = False
+    exited_at: float | None = None  # when the leader was first seen gone with the pipe still open
     try:
         while True:
             now = time.monotonic()
@@ -181,6 +185,12 @@ def run_group(
                     break
                 time.sleep(0.02)
                 continue
+            if proc.poll() is not None:
+                # Something it started in the background (a dev server, a watcher) still holds the
+                # pipe: the run is over all the same. Drain briefly, then the group is killed below.
+                exited_at = exited_at or now
+                if now - exited_at >= LINGER_S:
+                    break
             for _key, _ in sel.select(timeout=0.1):
                 try:
                     chunk = os.read(proc.stdout.fileno(), 65536)

@@ -2,7 +2,8 @@
 
 Usage: ``python -m evolve.agent.scripted --script steps.json``. Each invocation plays the next step
 of the script (the position is kept in ``<script>.pos``); the last step repeats when the script
-runs out. Every call is recorded in ``<script>.calls.jsonl`` so tests can assert what it received.
+runs out, or the whole script does with ``{"steps": [...], "loop": true}``. Every call is recorded
+in ``<script>.calls.jsonl`` so tests can assert what it received.
 
 A step (all keys optional)::
 
@@ -30,6 +31,7 @@ import orjson
 def _next_step(script: Path) -> tuple[int, dict[str, Any]]:
     spec = orjson.loads(script.read_bytes())
     steps = spec["steps"] if isinstance(spec, dict) else spec
+    loop = isinstance(spec, dict) and spec.get("loop") is True
     pos_file = script.with_name(script.name + ".pos")
     with open(pos_file, "a+") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
@@ -39,7 +41,7 @@ def _next_step(script: Path) -> tuple[int, dict[str, Any]]:
         fh.seek(0)
         fh.truncate()
         fh.write(str(pos + 1))
-    return pos, steps[min(pos, len(steps) - 1)]
+    return pos, steps[pos % len(steps) if loop else min(pos, len(steps) - 1)]
 
 
 def _record(script: Path | None, pos: int) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from evolve import exitcodes, gitops
+from evolve import crashpoint, exitcodes, gitops
 from evolve import log as logmod
 from evolve.agent import prompt, retry
 from evolve.agent import session as sessions
@@ -41,7 +41,7 @@ from evolve.harness import loop as harness
 from evolve.paths import Paths
 from evolve.secrets import redact, secret_values
 from evolve.store import session_state
-from evolve.store.atomic import atomic_write_bytes, write_json
+from evolve.store.atomic import atomic_write_bytes, sweep_temps, write_json
 from evolve.store.ledger import Ledger
 from evolve.store.lock import FireLock
 from evolve.store.markers import read_marker, remove_marker
@@ -51,6 +51,7 @@ from evolve.work.harvested import append_bytes
 from evolve.work.item import ClaimLost, SourceError, WorkItem, WorkSource
 
 MAX_SCOUTS_PER_CYCLE = 3
+TEMP_AGE_S = 60.0  # an atomic replacement takes milliseconds; a temp file this old lost its writer
 
 
 def scrub(report: AgentReport) -> AgentReport:
@@ -162,6 +163,7 @@ class Fire:
         torn = self.ledger.repair_torn()
         if torn:
             self.log.warning("ledger.torn_line", moved_to=str(torn))
+        self._sweep_temps()
         loaded = session_state.load(self.paths.state, self.ledger)
         self.state = loaded.state
         for w in loaded.warnings:
@@ -270,6 +272,14 @@ class Fire:
             self.state.claimed_work = None
         self.state.fire = None
         self._save()
+
+    def _sweep_temps(self) -> None:
+        """Temp files left by a fire killed between writing one and renaming it into place."""
+        q = self.paths.nextwork
+        removed = sweep_temps(self.paths.evolve_dir, older_than_s=TEMP_AGE_S)
+        removed += sweep_temps(q.parent, older_than_s=TEMP_AGE_S, only=q.name)
+        if removed:
+            self.log.warning("store.temps_removed", count=len(removed), names=removed[:20])
 
     def _claimed_item(self, claimed: dict[str, Any]) -> WorkItem | None:
         ref = claimed.get("ref")
@@ -506,7 +516,11 @@ class Fire:
         row: dict[str, Any] = {"cycle": cycle, "timestamp": utc_iso(now), "reason": reason}
         if needed:
             row["needed_context"] = needed
-        append_bytes(self.paths.blocked, orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE))
+        try:
+            append_bytes(self.paths.blocked, orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE))
+        except OSError as exc:  # e.g. a symlink planted in its place: refused, and the fire goes on
+            self.log.error("blocked.error", cycle=cycle, path=str(self.paths.blocked), error=str(exc)[:300])
+            return
         self.log.info("blocked.logged", cycle=cycle, reason=reason)
 
     def _write_cycle_state(self, cycle: int, item: WorkItem, phase: str, start_sha: str | None) -> None:
@@ -587,6 +601,7 @@ class Fire:
             st.fire["agent_pgid"] = pgid
             self._save()
             self.log.info("agent.started", cycle=cycle, pgid=pgid, runner=self.cfg.agent.runner)
+            crashpoint.reached("agent.running")
 
         def on_heartbeat(elapsed: float, progress: Mapping[str, Any] | None = None) -> None:
             self.log.info("agent.heartbeat", cycle=cycle, elapsed_s=round(elapsed, 1), **(progress or {}))

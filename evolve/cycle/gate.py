@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evolve import gitops
+from evolve import crashpoint, gitops
 from evolve.agent.process import run_group
 from evolve.agent.report import AgentReport
 from evolve.config import Config
@@ -89,6 +89,7 @@ class Gate:
         pre: dict[str, Any] | None = None,
     ) -> tuple[str, dict[str, Any]]:
         """The cycle's result and the ledger fields the gate adds. ``goals`` measures after the cycle."""
+        crashpoint.reached("gate")
         repo = self.paths.repo
         extra: dict[str, Any] = {"cycle_start_sha": start_sha}
         touched = (gitops.dirty_paths(repo) - dirty_before) | gitops.changed_since(repo, start_sha)

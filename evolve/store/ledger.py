@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from evolve import jsonsafe
+from evolve import crashpoint, jsonsafe
 from evolve.errors import LedgerError
 from evolve.store.atomic import save_aside
 
@@ -185,10 +185,12 @@ class Ledger:
         # O_NOFOLLOW: a symlink planted in .agents/ must not redirect the ledger anywhere else.
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         try:
+            crashpoint.reached("ledger.torn", lambda: os.write(fd, line[: len(line) // 2]))
             written = os.write(fd, line)
             if written != len(line):
                 raise LedgerError(f"short write to {self.path}: {written} of {len(line)} bytes")
             os.fsync(fd)
         finally:
             os.close(fd)
+        crashpoint.reached("ledger.appended")
         return entry

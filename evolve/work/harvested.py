@@ -48,7 +48,8 @@ from typing import Any
 
 import orjson
 
-from evolve.store.atomic import fsync_dir
+from evolve import crashpoint
+from evolve.store.atomic import fsync_dir, open_append
 from evolve.work.item import ClaimLost, LazyItems, SourceError, WorkItem, clean_text
 
 CONCRETE = ("bug", "tech-debt", "improvement", "feature", "pattern-fix", "task")
@@ -719,6 +720,7 @@ class HarvestedQueue:
                         os.unlink(new.tmp)
                     time.sleep(min(0.05, 0.001 * (1 << attempt)))  # let a burst of writes pass
                     continue  # someone wrote meanwhile: start again from the new contents
+                crashpoint.reached("queue.replace")
                 replaced = time.time_ns()
                 os.replace(new.tmp, self.path)
                 self._salvage(fd, self._size)
@@ -817,9 +819,8 @@ def _no_item(i: int) -> WorkItem:
 
 
 def append_bytes(path: Path, data: bytes) -> None:
-    """One ``os.write`` on an ``O_APPEND`` descriptor, then fsync."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    """One ``os.write`` on an ``O_APPEND`` descriptor, then fsync; a symlink at ``path`` is refused."""
+    fd = open_append(path)
     try:
         os.write(fd, data)
         os.fsync(fd)
