@@ -113,6 +113,35 @@ def test_sigkilled_fire_is_reconciled_by_the_next(env: Env, cli) -> None:
     assert st["fire"] is None and st["claimed_work"] is None
 
 
+def test_an_agent_whose_group_was_never_recorded_is_still_reaped(env: Env, cli) -> None:
+    """A fire killed between starting its agent and saving the agent's group id: the agent (and a
+    child it moved to a session of its own) are found by the dead fire's id in their environment."""
+    env.queue(entry("alpha", "beta"))
+    env.steps([{"spawn_sleeper": 300, "hang": True}, improved_step()])
+    fire = subprocess.Popen([sys.executable, "-m", "evolve", "--repo", str(env.repo), "fire"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env.env())
+    _wait_for(lambda: _agent_pgid(env) is not None and bool(env.calls()))
+    call = env.calls()[0]
+    fire_id = env.state()["fire"]["fire_id"]
+    assert call["env"]["EVOLVE_FIRE_ID"] == fire_id
+    escaped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True,
+                               env={**call["env"]})  # as if the agent had started it with setsid
+    fire.send_signal(signal.SIGKILL)
+    fire.communicate(timeout=30)
+    state = env.state()
+    state["fire"]["agent_pgid"] = None  # the save that would have recorded it never happened
+    env.paths.state.write_bytes(orjson.dumps(state))
+    assert group_alive(call["pgid"]) and group_alive(escaped.pid)
+    r = cli("fire", "--cycles", "1")
+    assert r.code == 0, r.stderr
+    reaped = sorted(e["pgid"] for e in r.events() if e.get("event") == "reconcile.kill_orphan")
+    assert reaped == sorted([call["pgid"], escaped.pid])
+    assert {e.get("found_by") for e in r.events() if e.get("event") == "reconcile.kill_orphan"} == {"EVOLVE_FIRE_ID"}
+    escaped.wait(timeout=10)
+    _wait_for(lambda: not group_alive(call["pgid"]), timeout=10)
+    assert results(env.ledger()) == ["crashed", "improved"]
+
+
 def test_sigterm_records_interrupted_and_exits_143(env: Env) -> None:
     env.queue(entry("alpha"))
     env.steps([{"write": [{"path": "half.txt", "content": "partial"}], "hang": True}])

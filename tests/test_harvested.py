@@ -532,3 +532,28 @@ def test_candidates_since_a_line(tmp_path: Path) -> None:
     q.append_entry(_entry(_item("new1"), _item("new2", severity="high")))
     assert [w.title for w in q.candidates(since_line=at)] == ["new2", "new1"]
     assert [w.title for w in q.candidates()] == ["new2", "new1", "old"]
+
+
+def test_a_rewrite_is_not_starved_by_an_appender(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An append lands in every rewrite's window (an appender writing every few ms): the rewrite goes
+    ahead and the appended lines are salvaged into the new file, instead of retrying until it gives up."""
+    q = _q(tmp_path, _entry(_item("a"), epic="A"))
+    (a,) = q.candidates()
+    write_new = q._write_new
+    appended: list[int] = []
+
+    def with_an_append(*args, **kw):
+        out = write_new(*args, **kw)
+        with open(q.path, "ab") as fh:
+            fh.write(orjson.dumps(_entry(_item(f"bg{len(appended)}"), epic="BG")) + b"\n")
+        appended.append(1)
+        return out
+
+    monkeypatch.setattr(q, "_write_new", with_an_append)
+    q.claim(a, "c", "t")
+    q.finalize(a, "c", "t")
+    assert len(appended) == 2  # one attempt each
+    entries = [orjson.loads(x) for x in q.path.read_bytes().splitlines()]
+    assert [e["source_epic"] for e in entries] == ["A", "BG", "BG"]
+    assert entries[0]["items"][0]["claim_status"] == "consumed"
+    assert [w.title for w in q.candidates()] == ["bg0", "bg1"] == [w.title for w in HarvestedQueue(q.path).candidates()]

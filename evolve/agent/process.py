@@ -95,6 +95,35 @@ def wait_group_gone(pgid: int, limit_s: float, reap: Callable[[], object] | None
         time.sleep(0.05)
 
 
+def tagged_groups(name: str, value: str) -> set[int]:
+    """The process groups of this user's processes started with ``name=value`` in their environment.
+
+    A fire puts its id in every child's environment, so after it dies its agents, gate commands and
+    whatever they started (in any group) can be found even when their group id was never recorded:
+    a fire killed between starting an agent and saving its group id leaves nothing else to go by.
+    Linux only (``/proc/<pid>/environ``, as it was at exec); elsewhere nothing is found.
+    """
+    needle = f"{name}={value}".encode()
+    mine = {os.getpid(), os.getpgrp()}
+    groups: set[int] = set()
+    proc_dir = Path("/proc")
+    if not proc_dir.is_dir():
+        return groups
+    for entry in proc_dir.iterdir():
+        if not entry.name.isdigit() or int(entry.name) in mine:
+            continue
+        try:
+            if needle not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone, or not ours to read
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 2 and fields[0] not in "ZX" and int(fields[2]) not in mine:
+            groups.add(int(fields[2]))
+    return groups
+
+
 def kill_group(pgid: int, grace_s: float = GRACE_S, reap: Callable[[], object] | None = None) -> None:
     """TERM the group, wait up to ``grace_s`` (see :func:`wait_group_gone`), then KILL whatever is left."""
     try:

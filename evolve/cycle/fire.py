@@ -25,7 +25,7 @@ from evolve import log as logmod
 from evolve.agent import prompt, retry
 from evolve.agent import session as sessions
 from evolve.agent.command import Invocation
-from evolve.agent.process import group_alive, kill_group
+from evolve.agent.process import group_alive, kill_group, tagged_groups
 from evolve.agent.report import AgentReport
 from evolve.agent.runners import Runner, make_runner
 from evolve.config import Config
@@ -51,6 +51,7 @@ from evolve.work.harvested import append_bytes
 from evolve.work.item import ClaimLost, SourceError, WorkItem, WorkSource
 
 MAX_SCOUTS_PER_CYCLE = 3
+FIRE_TAG = "EVOLVE_FIRE_ID"  # in every child's environment (see reconcile)
 TEMP_AGE_S = 60.0  # an atomic replacement takes milliseconds; a temp file this old lost its writer
 
 
@@ -107,6 +108,8 @@ class Fire:
         self.clock = clock
         self.ledger = Ledger(paths.ledger)
         self.fire_id = uuid.uuid4().hex[:12]
+        # Every child carries the fire's id: if this fire dies, the next one finds and stops them all.
+        self.env[FIRE_TAG] = self.fire_id
         self.log = logmod.get("evolve.fire")
         # A daemon passes its own stop event: its main thread owns the signals, the fire runs in a job thread.
         self.stop = stop or threading.Event()
@@ -236,8 +239,14 @@ class Fire:
         if not d.dead_fire and d.claim is None:
             return
         if d.kill_pgid and group_alive(d.kill_pgid):
-            self.log.warning("reconcile.kill_orphan", pgid=d.kill_pgid)
+            self.log.warning("reconcile.kill_orphan", pgid=d.kill_pgid, found_by="recorded pgid")
             kill_group(d.kill_pgid, grace_s=2.0)
+        dead_id = (self.state.fire or {}).get("fire_id")
+        if d.dead_fire and isinstance(dead_id, str) and dead_id and dead_id != self.fire_id:
+            for pgid in sorted(tagged_groups(FIRE_TAG, dead_id)):
+                if group_alive(pgid):
+                    self.log.warning("reconcile.kill_orphan", pgid=pgid, found_by=FIRE_TAG)
+                    kill_group(pgid, grace_s=2.0)
         claimed = self.state.claimed_work
         if d.crashed_cycle is not None:
             fire = self.state.fire or {}

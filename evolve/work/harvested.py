@@ -710,12 +710,7 @@ class HarvestedQueue:
                     new = self._write_new(fd, edit, st.st_mode & 0o7777)
                 except _Changed:
                     new = None
-                now_st = os.stat(self.path)
-                if new is None or (now_st.st_ino, now_st.st_size, now_st.st_mtime_ns) != (
-                    st.st_ino,
-                    self._size,
-                    st.st_mtime_ns,
-                ):
+                if new is None or not self._still_ours(fd, st):
                     if new is not None:
                         os.unlink(new.tmp)
                     time.sleep(min(0.05, 0.001 * (1 << attempt)))  # let a burst of writes pass
@@ -730,6 +725,21 @@ class HarvestedQueue:
             finally:
                 os.close(fd)
         raise SourceError(f"{self.path} kept changing; gave up rewriting after {attempts} attempts")
+
+    def _still_ours(self, fd: int, st: os.stat_result) -> bool:
+        """The file at our path is still the one we copied, as we copied it, or it only grew since.
+
+        Growth is fine: what was appended before our rename is salvaged after it (an appender writing
+        every few ms would otherwise starve the rewrite). Anything else (a new inode, a shrink, a
+        same-size edit, an edit in the last 4 KiB) means starting again from the new contents.
+        """
+        now = os.stat(self.path)
+        if now.st_ino != st.st_ino:
+            return False
+        if now.st_size == self._size:
+            return now.st_mtime_ns == st.st_mtime_ns
+        ends_a_line = self._size == 0 or self._tail.endswith(b"\n")
+        return now.st_size > self._size and ends_a_line and self._same_tail(fd)
 
     def _write_new(self, fd: int, edit: _Edit, mode: int) -> _Written:
         """Stream the indexed region of ``fd`` into a synced temp file, the changed lines replaced."""
