@@ -165,18 +165,11 @@ def ready_items(paths: Paths, cfg: Any, env: Mapping[str, str], *, beads: bool =
     """
     out: dict[str, int] = {}
     try:
-        from evolve.work.harvested import entry_items, item_selectable
+        from evolve.work.harvested import entry_items, item_selectable, read_entries
 
-        n = 0
-        with open(paths.nextwork, "rb") as fh:
-            for line in fh:
-                try:
-                    obj = orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    continue
-                if isinstance(obj, dict):
-                    n += sum(1 for it in entry_items(obj) if item_selectable(obj, it))
-        out["harvested"] = n
+        out["harvested"] = sum(
+            1 for obj in read_entries(paths.nextwork) for it in entry_items(obj) if item_selectable(obj, it)
+        )
     except FileNotFoundError:
         out["harvested"] = 0
     except Exception:

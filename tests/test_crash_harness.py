@@ -108,9 +108,10 @@ def _check(env: Env, added: int) -> None:
     assert len(items) == added, "no queue item may be lost"
     assert not [i for i in items if i.get("claim_status") == "in_progress"], "claims left in progress"
     done = {e.get("work_ref") for e in ledger if e.get("result") in ("improved", "harvested", "unchanged")}
+    epics = _epics(env)
     for i in items:
         if i.get("consumed"):
-            ref = f"source_epic={next(e for e in _epics(env) if i['title'] in e[1])[0]}:item={i['title']}"
+            ref = f"source_epic={next(e for e in epics if i['title'] in e[1])[0]}:item={i['title']}"
             assert ref in done, f"{ref} consumed without a successful cycle in the ledger"
     assert not _temps(env), "temp files of dead writers must be swept"
     for call in env.calls():

@@ -12,8 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from evolve.paths import Paths
 from evolve.status import FIRES_FILE, status
 from evolve.store.ledger import Ledger
@@ -174,22 +172,15 @@ def _parked(paths: Paths, cycles: list[Cycle], parked_refs: list[Any]) -> list[d
                         "why": f"quarantined goal ({c.entry.get('oscillations')} flips)", "cycle": c.entry.get("cycle"),
                         "source": "goal"})
     try:
-        from evolve.work.harvested import entry_items, item_ref
+        from evolve.work.harvested import entry_items, item_ref, read_entries
 
-        with open(paths.nextwork, "rb") as fh:
-            for line in fh:
-                try:
-                    obj = orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    continue
-                if not isinstance(obj, dict):
-                    continue
-                for it in entry_items(obj):
-                    disp = it.get("disposition")
-                    if it.get("status") == "blocked" or (isinstance(disp, str) and disp.startswith("defer:")):
-                        out.append({"ref": item_ref(obj, it), "title": str(it.get("title") or ""),
-                                    "why": str(it.get("note") or it.get("park_note") or disp or "blocked"),
-                                    "source": "harvested"})
+        for obj in read_entries(paths.nextwork):
+            for it in entry_items(obj):
+                disp = it.get("disposition")
+                if it.get("status") == "blocked" or (isinstance(disp, str) and disp.startswith("defer:")):
+                    out.append({"ref": item_ref(obj, it), "title": str(it.get("title") or ""),
+                                "why": str(it.get("note") or it.get("park_note") or disp or "blocked"),
+                                "source": "harvested"})
     except (OSError, ImportError):
         pass
     seen = set()

@@ -172,6 +172,25 @@ def _read_lines(
         yield [at], [carry]
 
 
+def _entries(fd: int, limit: int | None = None) -> Iterator[dict[str, Any]]:
+    """The parsable entries from the start of ``fd`` (or its first ``limit`` bytes), in file order."""
+    for _, lines in _read_lines(fd, 0, _Read(), limit):
+        for raw in lines:
+            entry = _parse(raw)
+            if entry is not None:
+                yield entry
+
+
+def read_entries(path: Path) -> Iterator[dict[str, Any]]:
+    """Every parsable entry of the queue at ``path``, streamed (for readers that count or list; the
+    malformed lines are skipped, not repaired). Raises ``OSError``."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        yield from _entries(fd)
+    finally:
+        os.close(fd)
+
+
 def _hash_region(fd: int, size: int) -> tuple[bytes, _Read]:
     digest = hashlib.sha256()
     done = _Read()
@@ -276,9 +295,8 @@ class _View:
     def item(self, i: int) -> WorkItem:
         li, ii = _where(self._keys[i])
         entry = self._line(li)
-        items = entry_items(entry) if entry is not None else []
-        if ii < len(items):
-            return self._queue._to_item(entry or {}, items[ii], locator=(li, ii))
+        if entry is not None and ii < len(items := entry_items(entry)):
+            return self._queue._to_item(entry, items[ii], locator=(li, ii))
         # Only an in-place edit of a file we just read gets here; a claim of this ref is then refused.
         return WorkItem(source=self._queue.name, ref=f"changed-on-disk:line={li + 1}:item={ii + 1}", title="")
 
@@ -314,11 +332,10 @@ class _Edit:
         if isinstance(hint, tuple) and len(hint) == 2 and 0 <= hint[0] < len(self.queue._starts):
             li, ii = hint
             entry = self._entry(li)
-            items = entry_items(entry) if entry is not None else []
-            if isinstance(ii, int) and 0 <= ii < len(items):
-                it = items[ii]
-                if item_ref(entry or {}, it) == ref and want(entry or {}, it):
-                    return li, entry or {}, it
+            if entry is not None and isinstance(ii, int):
+                items = entry_items(entry)
+                if 0 <= ii < len(items) and item_ref(entry, items[ii]) == ref and want(entry, items[ii]):
+                    return li, entry, items[ii]
         li = 0
         with gc_paused():
             for _, lines in _read_lines(self.fd, 0, _Read(), self.queue._size):
@@ -515,7 +532,7 @@ class HarvestedQueue:
                     if obj is None:
                         self.malformed += 1
                     else:
-                        self._scan(li, obj, out)
+                        out.extend(self._ranked(li, obj))
                     li += 1
         return out
 
@@ -528,9 +545,6 @@ class HarvestedQueue:
                 scope = _scope_rank(item, self.repo_names)
                 if scope is not None:
                     yield _packed_key(item, li << _ITEM_BITS | ii, scope, self.quality)
-
-    def _scan(self, li: int, entry: dict[str, Any], out: list[int]) -> None:
-        out.extend(self._ranked(li, entry))
 
     def _unindex(self, li: int, entry: dict[str, Any]) -> None:
         """Take line ``li``'s items (``entry``, its content when indexed) out of the ranking."""
@@ -596,12 +610,9 @@ class HarvestedQueue:
             return found
         try:
             with gc_paused():
-                for _, lines in _read_lines(fd, 0, _Read(), self._size):
-                    for raw in lines:
-                        entry = _parse(raw)
-                        if entry is not None:
-                            for item in entry_items(entry):
-                                found |= item_keys(item) & wanted
+                for entry in _entries(fd, self._size):
+                    for item in entry_items(entry):
+                        found |= item_keys(item) & wanted
         except OSError as exc:
             raise SourceError(f"cannot read {self.path}: {exc}") from exc
         finally:
@@ -785,9 +796,7 @@ class HarvestedQueue:
                     before = _parse(edit.before[li])
                     if before is not None:
                         self._unindex(li, before)
-                    added: list[int] = []
-                    self._scan(li, entry, added)
-                    self._insert(added)
+                    self._insert(list(self._ranked(li, entry)))
             self._starts, self._ends = new.starts, new.ends
             self._size, self._tail, self._digest = new.size, new.tail, new.digest
             st = os.stat(self.path)
