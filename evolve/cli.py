@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from evolve import __version__, exitcodes
+from evolve.commands._common import config_flags, repo_of
 from evolve.errors import EvolveError, UsageError
 
 # Modules under evolve/commands/ that register their own subcommands (missing ones are skipped).
@@ -81,31 +82,6 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def repo_of(args: argparse.Namespace) -> Path:
-    """The repository a command acts on: ``--repo`` or the git top level of the cwd."""
-    return _repo(args)
-
-
-def _repo(args: argparse.Namespace) -> Path:
-    from evolve.paths import git_toplevel
-
-    start = args.repo if args.repo is not None else Path.cwd()
-    if not start.is_dir():
-        raise UsageError(f"--repo {start}: not a directory")
-    return git_toplevel(start)
-
-
-def _flags(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    flags: dict[str, dict[str, Any]] = {}
-    if getattr(args, "mode", None):
-        flags.setdefault("fire", {})["mode"] = args.mode
-    if getattr(args, "quality", False):
-        flags.setdefault("work", {})["quality"] = True
-    if getattr(args, "beads_only", False):
-        flags.setdefault("work", {})["beads_only"] = True
-    return flags
-
-
 def cmd_fire(args: argparse.Namespace) -> int:
     from evolve import config, log
     from evolve.cycle.fire import Fire, FireOptions
@@ -115,8 +91,8 @@ def cmd_fire(args: argparse.Namespace) -> int:
         raise UsageError("--cycles must be at least 1")
     if args.wait < 0:
         raise UsageError("--wait must not be negative")
-    paths = Paths.for_repo(_repo(args))
-    cfg = config.load(paths.config, os.environ, _flags(args))
+    paths = Paths.for_repo(repo_of(args))
+    cfg = config.load(paths.config, os.environ, config_flags(args))
     log.configure()
     opts = FireOptions(cycles=args.cycles, dry_run=args.dry_run, wait_s=args.wait, mode=args.mode)
     observers = []
@@ -139,7 +115,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from evolve.paths import Paths
     from evolve.status import render_status, status
 
-    paths = Paths.for_repo(_repo(args))
+    paths = Paths.for_repo(repo_of(args))
     info = status(paths)
     if args.json:
         import orjson
@@ -169,7 +145,7 @@ def cmd_history(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UsageError(str(exc)) from exc
     results = [r.strip() for arg in args.result for r in arg.split(",") if r.strip()]
-    paths = Paths.for_repo(_repo(args))
+    paths = Paths.for_repo(repo_of(args))
     rows, malformed = history(Ledger(paths.ledger), limit=args.limit, since=since, results=results)
     if args.json:
         for raw, _ in rows:
@@ -185,7 +161,7 @@ def cmd_marker(args: argparse.Namespace) -> int:
     from evolve.store.atomic import atomic_write_bytes
     from evolve.timeutil import utc_iso
 
-    paths = Paths.for_repo(_repo(args))
+    paths = Paths.for_repo(repo_of(args))
     target = paths.stop if args.command == "stop" else paths.kill
     text = f"{utc_iso()}\n{args.reason or 'operator ' + args.command}\n"
     atomic_write_bytes(target, text.encode())
@@ -197,7 +173,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from evolve.paths import Paths
     from evolve.store.markers import remove_marker
 
-    paths = Paths.for_repo(_repo(args))
+    paths = Paths.for_repo(repo_of(args))
     targets = [paths.stop] + ([paths.kill, paths.global_kill] if args.kill else [])
     for t in targets:
         print(f"removed {t}" if remove_marker(t) else f"absent  {t}")
@@ -212,7 +188,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     from evolve.init import init_repo, next_steps
     from evolve.paths import Paths
 
-    paths = Paths.for_repo(_repo(args))
+    paths = Paths.for_repo(repo_of(args))
     for line in [*init_repo(paths), *next_steps(paths)]:
         print(line)
     return exitcodes.OK

@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
     from evolve import config, cronexpr, log
-    from evolve.cli import repo_of
+    from evolve.commands._common import repo_of
     from evolve.paths import Paths, git_toplevel
     from evolve.scheduler import Daemon, RepoJob
 

@@ -21,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from evolve.cli import repo_of
+    from evolve.commands._common import repo_of
     from evolve.doctor import diagnose, exit_code
     from evolve.errors import UsageError
 

@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from evolve.cli import repo_of
+    from evolve.commands._common import repo_of
     from evolve.errors import UsageError
     from evolve.harness import handoff
     from evolve.paths import Paths

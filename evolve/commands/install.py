@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     import getpass
 
     from evolve import config, cronexpr, deploy, exitcodes
-    from evolve.cli import repo_of
+    from evolve.commands._common import repo_of
     from evolve.paths import Paths
     from evolve.store.atomic import atomic_write_bytes
 

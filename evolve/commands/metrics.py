@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from evolve import metrics
-    from evolve.cli import repo_of
+    from evolve.commands._common import repo_of
     from evolve.paths import Paths
     from evolve.status import load_config
 

@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
     import time
 
-    from evolve.cli import repo_of
+    from evolve.commands._common import repo_of
     from evolve.errors import UsageError
     from evolve.paths import Paths
     from evolve.report import build, render_html

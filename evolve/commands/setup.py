@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from evolve.cli import repo_of
+    from evolve.commands._common import repo_of
     from evolve.harness import autocompact
 
     autocompact.check_pct(args.autocompact_pct)  # a bad flag exits 2 before anything is read or written
