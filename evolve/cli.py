@@ -8,30 +8,28 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from evolve import __version__, exitcodes
+from evolve import __version__, commands, exitcodes
 from evolve.commands._common import config_flags, repo_of
 from evolve.errors import EvolveError, UsageError
 
-# Modules under evolve/commands/ that register their own subcommands (missing ones are skipped).
-COMMAND_MODULES = (
-    "evolve.commands.daemon",
-    "evolve.commands.install",
-    "evolve.commands.setup",
-    "evolve.commands.hook",
-    "evolve.commands.handoff",
-    "evolve.commands.report",
-    "evolve.commands.metrics",
-    "evolve.commands.doctor",
-)
 
+class _CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser that takes its options from the command's module only once argparse picks it.
 
-def _register_modules(sub: Any) -> None:
-    import importlib
-    import importlib.util
+    So ``evolve status`` imports no other command's module, and ``evolve --help`` none at all: the
+    top-level help lists each command with the summary from the static table.
+    """
 
-    for name in COMMAND_MODULES:
-        if importlib.util.find_spec(name) is not None:
-            importlib.import_module(name).register(sub)
+    def __init__(self, *args: Any, command: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._command = command  # None: a nested parser (e.g. `hook session-start`), nothing to load
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        # argparse's sub-parser action calls this with the rest of the command line: load the options first.
+        if self._command is not None:
+            name, self._command = self._command, None
+            commands.load(name).add_arguments(self, name)
+        return super().parse_known_args(args, namespace)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--repo", type=Path, default=None, help="repository (default: git top level of the cwd)")
     ap.add_argument("--version", action="version", version=f"evolve {__version__}")
-    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND", parser_class=_CommandParser)
 
     f = sub.add_parser("fire", help="one fire: lock, step 1, cycles (what cron/systemd run)")
     f.add_argument("--cycles", type=int, default=None, help="at most N cycles in this fire")
@@ -78,7 +76,8 @@ def _parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="a throwaway repo, a scripted agent, and a context hand-off, narrated")
     d.add_argument("--dir", type=Path, default=None, help="where to create the demo repo (default: a temp dir)")
     d.add_argument("--keep", action="store_true", help="keep the demo repo (always kept with --dir)")
-    _register_modules(sub)
+    for name, info in commands.COMMANDS.items():
+        sub.add_parser(name, help=info.summary, command=name)
     return ap
 
 
@@ -222,8 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return exitcodes.USAGE
     try:
-        if hasattr(args, "run"):
-            return int(args.run(args))
+        if args.command in commands.COMMANDS:
+            return int(commands.load(args.command).run(args))
         return COMMANDS[args.command](args)
     except EvolveError as exc:
         # One line, whatever a hostile key or path contains.

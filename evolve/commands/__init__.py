@@ -1,5 +1,58 @@
-"""Subcommands that live in their own module.
+"""The subcommands: one static table, in ``evolve --help`` order (pip's ``commands_dict``).
 
-Each module defines ``register(sub)`` (an argparse sub-parser with ``set_defaults(run=...)``) and
-imports anything heavy inside its run function, so that ``evolve status`` stays fast.
+Each entry names the module that implements the command and the one-line summary ``evolve --help``
+shows, so listing the commands imports none of them. A command module defines
+
+* ``add_arguments(parser, name)``: the command's description and options on its own sub-parser
+  (``name`` tells a module serving several commands which one);
+* ``run(args) -> int``: the command, returning the exit code.
+
+It imports only the standard library (and ``evolve.errors`` / ``evolve.commands._common``) at
+module level and anything heavy inside ``run``: the parser imports it before running it.
 """
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import NamedTuple
+
+
+class CommandInfo(NamedTuple):
+    module: str
+    summary: str
+
+
+COMMANDS: dict[str, CommandInfo] = {
+    "daemon": CommandInfo(
+        "evolve.commands.daemon", "fire on schedule.cron in the foreground (APScheduler; systemd Type=notify)"
+    ),
+    "install": CommandInfo(
+        "evolve.commands.install", "render systemd units, a crontab line or a Kubernetes CronJob for this repository"
+    ),
+    "setup": CommandInfo(
+        "evolve.commands.setup",
+        "write the harness autocompact setting (and with --hooks the SessionStart hooks) to .claude/settings.json",
+    ),
+    "hook": CommandInfo("evolve.commands.hook", "harness hooks (run by Claude Code, not by hand)"),
+    "handoff": CommandInfo(
+        "evolve.commands.handoff", "hand the agent session off by hand: continue fresh, or fork it"
+    ),
+    "report": CommandInfo(
+        "evolve.commands.report",
+        "the morning report: one self-contained HTML file (timeline, cost, context, goals, work)",
+    ),
+    "metrics": CommandInfo(
+        "evolve.commands.metrics",
+        "Prometheus metrics (text format) on stdout, or --textfile DIR for node_exporter",
+    ),
+    "doctor": CommandInfo(
+        "evolve.commands.doctor",
+        "preflight: agent, CLAUDECODE, tracker, git, state dir, config, autocompact, schedule",
+    ),
+}
+
+
+def load(name: str) -> ModuleType:
+    """The module of command ``name`` (a key of ``COMMANDS``), imported on first use."""
+    return importlib.import_module(COMMANDS[name].module)

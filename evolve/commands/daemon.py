@@ -1,7 +1,7 @@
 """`evolve daemon`: fire one repository, or a fleet, on its ``schedule.cron`` until SIGTERM/SIGINT.
 
-Only the standard library at import time: ``evolve status`` imports this module to build its parser
-and must never pay for APScheduler.
+Only the standard library at import time: APScheduler is imported inside ``run``, once the arguments
+are parsed.
 """
 
 from __future__ import annotations
@@ -10,22 +10,16 @@ import argparse
 import os
 import re
 from pathlib import Path
-from typing import Any
 
 from evolve.errors import ConfigError, UsageError
 
 
-def register(sub: Any) -> None:
-    p = sub.add_parser(
-        "daemon",
-        help="fire on schedule.cron in the foreground (APScheduler; systemd Type=notify)",
-        description="Fire each repository on its own schedule.cron until SIGTERM/SIGINT (exit 143/130). "
-        "Without --repos/--fleet: the --repo repository (or the cwd's).",
-    )
+def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
+    p.description = ("Fire each repository on its own schedule.cron until SIGTERM/SIGINT (exit 143/130). "
+                     "Without --repos/--fleet: the --repo repository (or the cwd's).")
     p.add_argument("--repos", nargs="+", type=Path, default=[], metavar="PATH", help="repositories to drive")
     p.add_argument("--fleet", type=Path, default=None, metavar="FILE",
                    help="a file listing repositories, one path a line (# comments; relative to the file)")
-    p.set_defaults(run=run)
 
 
 def read_fleet(path: Path) -> list[Path]:

@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 
-def register(sub: Any) -> None:
-    p = sub.add_parser(
-        "doctor",
-        help="preflight: agent, CLAUDECODE, tracker, git, state dir, config, autocompact, schedule",
-        description="Check the setup. Each line is OK, WARN or FAIL with the fix; exit 1 when anything FAILs.",
-    )
+def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
+    p.description = "Check the setup. Each line is OK, WARN or FAIL with the fix; exit 1 when anything FAILs."
     p.add_argument("--json", action="store_true", help="a JSON array of {check, level, message, fix}")
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

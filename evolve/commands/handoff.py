@@ -6,16 +6,13 @@ import argparse
 import os
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("handoff", help="hand the agent session off by hand: continue fresh, or fork it")
+def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     hs = p.add_subparsers(dest="handoff_mode", metavar="MODE", required=True)
     c = hs.add_parser("continue", help="the next cycle starts a fresh session from a hand-off summary")
     c.add_argument("--note", default="", help="free text for the artifact (open questions, decisions)")
-    c.set_defaults(run=run)
     f = hs.add_parser("fork", help="the next cycle runs as a fork of the current session, for one purpose")
     f.add_argument("--purpose", required=True, help="one line: what the fork is for (required)")
     f.add_argument("--note", default="", help="free text for the artifact")
-    f.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

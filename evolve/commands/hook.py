@@ -9,20 +9,16 @@ import argparse
 import sys
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("hook", help="harness hooks (run by Claude Code, not by hand)")
+def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     hs = p.add_subparsers(dest="hook", metavar="HOOK")
-    s = hs.add_parser("session-start", help="SessionStart: autocompact nudge; cycle state after a compaction")
-    s.set_defaults(run=run_session_start)
-    p.set_defaults(run=_usage)
+    hs.add_parser("session-start", help="SessionStart: autocompact nudge; cycle state after a compaction")
 
 
-def run_session_start(args: argparse.Namespace) -> int:
-    from evolve.harness.hooks import main_hook
+def run(args: argparse.Namespace) -> int:
+    if args.hook == "session-start":
+        from evolve.harness.hooks import main_hook
 
-    return main_hook(sys.stdin, sys.stdout)
-
-
-def _usage(args: argparse.Namespace) -> int:
+        return main_hook(sys.stdin, sys.stdout)
+    # ``evolve hook`` alone: a usage line, still exit 0 (a hook must never fail a session).
     print("usage: evolve hook session-start  (reads the hook JSON on stdin)", file=sys.stderr)
     return 0

@@ -2,7 +2,7 @@
 
 Absolute paths, this environment's ``evolve``, and ``schedule.cron`` (or ``--schedule``) converted
 for the target; written where the target reads them, or printed with ``--print``. Standard library
-only at import time (``evolve status`` builds its parser from this module).
+only at import time; the config and the templates are imported inside ``run``.
 """
 
 from __future__ import annotations
@@ -12,18 +12,13 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any
 
 from evolve.errors import ConfigError, UsageError
 
 
-def register(sub: Any) -> None:
-    p = sub.add_parser(
-        "install",
-        help="render systemd units, a crontab line or a Kubernetes CronJob for this repository",
-        description="Render the deploy templates for this repository and write them where they belong "
-        "(or print them with --print), then say the one command that enables them.",
-    )
+def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
+    p.description = ("Render the deploy templates for this repository and write them where they belong "
+                     "(or print them with --print), then say the one command that enables them.")
     p.add_argument("kind", choices=["systemd", "cron", "kubernetes"])
     p.add_argument("--user", action="store_true", help="systemd user units / a user crontab (default: system-wide)")
     p.add_argument("--print", dest="print_only", action="store_true",
@@ -34,7 +29,6 @@ def register(sub: Any) -> None:
     p.add_argument("--name", default=None, help="instance / job name (default: the repository directory's name)")
     p.add_argument("--dest", type=Path, default=None, metavar="DIR", help="write into DIR instead")
     p.add_argument("--image", default="evolve:latest", help="kubernetes: an image with git, evolve and the agent CLI")
-    p.set_defaults(run=run)
 
 
 def _evolve_command() -> str:

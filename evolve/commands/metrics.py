@@ -4,21 +4,15 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 
-def register(sub: Any) -> None:
-    p = sub.add_parser(
-        "metrics",
-        help="Prometheus metrics (text format) on stdout, or --textfile DIR for node_exporter",
-        description="Print the metrics in the Prometheus text format, or write DIR/evolve.prom atomically "
-        "(temp file + rename) for node_exporter's textfile collector. With [metrics] textfile_dir set, every "
-        "fire rewrites it too.",
-    )
+def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
+    p.description = ("Print the metrics in the Prometheus text format, or write DIR/evolve.prom atomically "
+                     "(temp file + rename) for node_exporter's textfile collector. With [metrics] textfile_dir "
+                     "set, every fire rewrites it too.")
     p.add_argument("--textfile", type=Path, default=None, metavar="DIR",
                    help="write DIR/evolve.prom atomically instead of printing")
     p.add_argument("--no-beads", action="store_true", help="do not run the tracker to count ready beads")
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,22 +4,16 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 
-def register(sub: Any) -> None:
-    p = sub.add_parser(
-        "report",
-        help="the morning report: one self-contained HTML file (timeline, cost, context, goals, work)",
-        description="Write one self-contained HTML file: a timeline of fires and cycles coloured by result, "
-        "hand-offs and halts marked, cost and context-% charts, the goals trajectory, the work done and parked. "
-        "No scripts, no external assets, no network.",
-    )
+def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
+    p.description = ("Write one self-contained HTML file: a timeline of fires and cycles coloured by result, "
+                     "hand-offs and halts marked, cost and context-% charts, the goals trajectory, the work done "
+                     "and parked. No scripts, no external assets, no network.")
     p.add_argument("--since", default="24h", metavar="WHEN", help="window start: 90m, 24h, 7d or an ISO time "
                    "(default 24h)")
     p.add_argument("-o", "--output", type=Path, default=None, metavar="FILE",
                    help="where to write it (default .agents/evolve/report.html; - for stdout)")
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

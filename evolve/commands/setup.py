@@ -7,16 +7,11 @@ import os
 import sys
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "setup",
-        help="write the harness autocompact setting (and with --hooks the SessionStart hooks) to .claude/settings.json",
-    )
+def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--autocompact-pct", metavar="N", default=None, help="1-100, written as a string (default: 40)")
     p.add_argument("--no-autocompact", action="store_true", help="only silence the nudge (.claude/memory marker)")
     p.add_argument("--yes", action="store_true", help="never prompt; keep a valid value or use the default")
     p.add_argument("--hooks", action="store_true", help="also register the two SessionStart hooks (idempotent)")
-    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
