@@ -24,6 +24,22 @@ class CommandInfo(NamedTuple):
 
 
 COMMANDS: dict[str, CommandInfo] = {
+    "fire": CommandInfo("evolve.commands.fire", "one fire: lock, step 1, cycles (what cron/systemd run)"),
+    "status": CommandInfo(
+        "evolve.commands.status", "what the loop is doing and why (exit 0 healthy, 1 degraded, 75 halted)"
+    ),
+    "history": CommandInfo(
+        "evolve.commands.status", "ledger entries, newest last, with sparklines (or JSONL with --json)"
+    ),
+    "stop": CommandInfo("evolve.commands.markers", "write STOP (halt until `evolve resume`)"),
+    "kill": CommandInfo("evolve.commands.markers", "write KILL"),
+    "resume": CommandInfo("evolve.commands.markers", "remove STOP (and KILL with --kill)"),
+    "init": CommandInfo(
+        "evolve.commands.init", "write .agents/.gitignore and a commented config.toml, and say what next"
+    ),
+    "demo": CommandInfo(
+        "evolve.commands.demo", "a throwaway repo, a scripted agent, and a context hand-off, narrated"
+    ),
     "daemon": CommandInfo(
         "evolve.commands.daemon", "fire on schedule.cron in the foreground (APScheduler; systemd Type=notify)"
     ),

@@ -1,0 +1,76 @@
+"""``evolve status`` and ``evolve history``: read-only views of what the loop is doing and has done.
+
+Nothing heavy at import time: ``evolve status`` must answer fast (tests/test_startup.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from evolve.commands._common import repo_of
+from evolve.errors import UsageError
+
+
+def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
+    if name == "history":
+        p.add_argument("--limit", type=int, default=20, help="at most N entries (default 20)")
+        p.add_argument("--since", default=None, metavar="WHEN",
+                       help="only entries newer than 90m, 24h, 7d or an ISO time")
+        p.add_argument("--result", action="append", default=[], metavar="RESULT",
+                       help="only these results (repeat or comma-separate), e.g. failed,regressed")
+        p.add_argument("--json", action="store_true", help="the matching ledger lines as they are (JSONL)")
+        return
+    p.description = ("What the loop is doing and why. Exit 0 healthy, 1 degraded (breaker open, last cycle "
+                     "failed, invalid config), 75 halted (KILL, STOP, DORMANT, goal regression).")
+    p.add_argument("--json", action="store_true", help="one JSON object for machines")
+
+
+def run(args: argparse.Namespace) -> int:
+    return run_history(args) if args.command == "history" else run_status(args)
+
+
+def run_status(args: argparse.Namespace) -> int:
+    from evolve.paths import Paths
+    from evolve.status import render_status, status
+
+    paths = Paths.for_repo(repo_of(args))
+    info = status(paths)
+    if args.json:
+        import orjson
+
+        from evolve import jsonsafe
+
+        sys.stdout.buffer.write(jsonsafe.dumps(info, option=orjson.OPT_INDENT_2) + b"\n")
+    else:
+        sys.stdout.write(render_status(info))
+    sys.stdout.flush()
+    return int(info["exit_code"])
+
+
+def run_history(args: argparse.Namespace) -> int:
+    import time
+
+    from evolve import exitcodes
+    from evolve.paths import Paths
+    from evolve.status import history, parse_since, render_history
+    from evolve.store.ledger import Ledger
+
+    if args.limit < 1:
+        raise UsageError("--limit must be at least 1")
+    since = None
+    if args.since is not None:
+        try:
+            since = parse_since(args.since, time.time())
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
+    results = [r.strip() for arg in args.result for r in arg.split(",") if r.strip()]
+    paths = Paths.for_repo(repo_of(args))
+    rows, malformed = history(Ledger(paths.ledger), limit=args.limit, since=since, results=results)
+    if args.json:
+        for raw, _ in rows:
+            sys.stdout.buffer.write(raw + b"\n")
+    else:
+        sys.stdout.write(render_history([e for _, e in rows], malformed))
+    sys.stdout.flush()
+    return exitcodes.OK
