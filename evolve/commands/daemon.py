@@ -11,6 +11,7 @@ import os
 import re
 from pathlib import Path
 
+from evolve.commands._common import repo_of
 from evolve.errors import ConfigError, UsageError
 
 
@@ -52,7 +53,6 @@ def run(args: argparse.Namespace) -> int:
     from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
     from evolve import config, cronexpr, log
-    from evolve.commands._common import repo_of
     from evolve.paths import Paths, git_toplevel
     from evolve.scheduler import Daemon, RepoJob
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from evolve.commands._common import repo_of
+
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.description = "Check the setup. Each line is OK, WARN or FAIL with the fix; exit 1 when anything FAILs."
@@ -15,7 +17,6 @@ def run(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
-    from evolve.commands._common import repo_of
     from evolve.doctor import diagnose, exit_code
     from evolve.errors import UsageError
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from evolve.commands._common import repo_of
+
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     hs = p.add_subparsers(dest="handoff_mode", metavar="MODE", required=True)
@@ -16,7 +18,6 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from evolve.commands._common import repo_of
     from evolve.errors import UsageError
     from evolve.harness import handoff
     from evolve.paths import Paths

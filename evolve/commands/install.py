@@ -13,6 +13,7 @@ import re
 import sys
 from pathlib import Path
 
+from evolve.commands._common import repo_of
 from evolve.errors import ConfigError, UsageError
 
 
@@ -105,7 +106,6 @@ def run(args: argparse.Namespace) -> int:
     import getpass
 
     from evolve import config, cronexpr, deploy, exitcodes
-    from evolve.commands._common import repo_of
     from evolve.paths import Paths
     from evolve.store.atomic import atomic_write_bytes
 

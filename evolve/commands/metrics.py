@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from evolve.commands._common import repo_of
+
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.description = ("Print the metrics in the Prometheus text format, or write DIR/evolve.prom atomically "
@@ -20,7 +22,6 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from evolve import metrics
-    from evolve.commands._common import repo_of
     from evolve.paths import Paths
     from evolve.status import load_config
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from evolve.commands._common import repo_of
+
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.description = ("Write one self-contained HTML file: a timeline of fires and cycles coloured by result, "
@@ -21,7 +23,6 @@ def run(args: argparse.Namespace) -> int:
     import sys
     import time
 
-    from evolve.commands._common import repo_of
     from evolve.errors import UsageError
     from evolve.paths import Paths
     from evolve.report import build, render_html

@@ -6,6 +6,8 @@ import argparse
 import os
 import sys
 
+from evolve.commands._common import repo_of
+
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--autocompact-pct", metavar="N", default=None, help="1-100, written as a string (default: 40)")
@@ -15,7 +17,6 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from evolve.commands._common import repo_of
     from evolve.harness import autocompact
 
     autocompact.check_pct(args.autocompact_pct)  # a bad flag exits 2 before anything is read or written
