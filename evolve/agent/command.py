@@ -16,10 +16,10 @@ from pathlib import Path
 
 import orjson
 
-from evolve.agent.process import run_group
 from evolve.agent.prompt import Orientation
 from evolve.agent.report import AgentReport, parse_report
 from evolve.config import AgentConfig
+from evolve.procgroup import Limits, run_group
 from evolve.secrets import secret_values
 from evolve.store.atomic import write_new
 from evolve.work.item import WorkItem
@@ -136,13 +136,15 @@ class CommandRunner:
                 argv,
                 cwd=inv.repo,
                 env=env,
-                timeout_s=self.cfg.timeout_s,
-                idle_timeout_s=self.cfg.idle_timeout_s,
+                limits=Limits(
+                    timeout_s=self.cfg.timeout_s,
+                    idle_timeout_s=self.cfg.idle_timeout_s,
+                    heartbeat_s=self.cfg.heartbeat_s,
+                ),
                 log_path=inv.log_file,
                 on_start=on_start,
                 stop=stop,
                 on_heartbeat=on_heartbeat,
-                heartbeat_s=self.cfg.heartbeat_s,
                 redact_values=secret_values(env),
             )
         except OSError as exc:

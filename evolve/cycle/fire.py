@@ -25,7 +25,6 @@ from evolve import log as logmod
 from evolve.agent import prompt, retry
 from evolve.agent import session as sessions
 from evolve.agent.command import Invocation
-from evolve.agent.process import group_alive, kill_group, tagged_groups
 from evolve.agent.report import AgentReport
 from evolve.agent.runners import Runner, make_runner
 from evolve.config import Config
@@ -39,6 +38,7 @@ from evolve.harness import handoff as handoffs
 from evolve.harness import hooks as harness_hooks
 from evolve.harness import loop as harness
 from evolve.paths import Paths
+from evolve.procgroup import group_alive, kill_group, tagged_groups
 from evolve.secrets import redact, secret_values
 from evolve.store import session_state
 from evolve.store.atomic import atomic_write_bytes, sweep_temps, write_json

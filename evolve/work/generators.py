@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from evolve.work.beads import run_capture
+from evolve.procgroup import CaptureError, run_capture
 from evolve.work.item import SourceError
 
 _PUNCT = re.compile(r"[^\w\s]")
@@ -80,7 +80,7 @@ def run_all(
         name = Path(argv[0]).name if argv else "?"
         try:
             items.extend(parse_output(run_capture(list(argv), cwd=repo, env=env, timeout_s=timeout_s), name))
-        except SourceError as exc:
+        except (CaptureError, SourceError) as exc:
             errors.append(str(exc))
     return items, errors
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evolve.agent.process import group_alive, kill_group, wait_group_gone
+from evolve.procgroup import group_alive, kill_group, wait_group_gone
 from evolve.work.goals.model import MeasureError
 
 KILL_GRACE_S = 2.0  # TERM → KILL; checks are short-lived and must not hold the fire up
