@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import threading
 import time
 import uuid
@@ -38,7 +37,7 @@ from evolve.harness import handoff as handoffs
 from evolve.harness import hooks as harness_hooks
 from evolve.harness import loop as harness
 from evolve.paths import Paths
-from evolve.procgroup import group_alive, kill_group, tagged_groups
+from evolve.procgroup import Limits, group_alive, kill_group, run_group, tagged_groups
 from evolve.secrets import redact, secret_values
 from evolve.store import session_state
 from evolve.store.atomic import atomic_write_bytes, sweep_temps, write_json
@@ -354,13 +353,18 @@ class Fire:
         return self.selector.probe_any_work(self.state)
 
     def _run_governor(self) -> int:
+        # Like every child of a fire: its own group (killed whole on timeout) and the fire's env (its id).
         argv = self.cfg.halt.governor_cmd
+        timeout_s = self.cfg.halt.timeout_s
         try:
-            proc = subprocess.run(
-                argv, cwd=self.paths.repo, capture_output=True, timeout=self.cfg.halt.timeout_s, check=False
+            proc = run_group(
+                argv, cwd=self.paths.repo, env=self.env, limits=Limits(timeout_s=timeout_s, grace_s=1.0, tail_bytes=0)
             )
-        except (OSError, subprocess.TimeoutExpired) as exc:
+        except OSError as exc:
             self.log.warning("governor.error", error=str(exc)[:300])
+            return -1
+        if proc.timed_out or proc.returncode is None:
+            self.log.warning("governor.error", error=f"{argv[0]} timed out after {timeout_s:g}s; process group killed")
             return -1
         return proc.returncode
 
