@@ -41,12 +41,12 @@ from evolve.procgroup import Limits, group_alive, kill_group, run_group, tagged_
 from evolve.secrets import redact, secret_values
 from evolve.store import session_state
 from evolve.store.atomic import atomic_write_bytes, sweep_temps, write_json
+from evolve.store.jsonl import append_bytes
 from evolve.store.ledger import Ledger
 from evolve.store.lock import FireLock
 from evolve.store.markers import read_marker, remove_marker
 from evolve.timeutil import parse_iso, utc_iso
 from evolve.work import dormancy, generators, ladder
-from evolve.work.harvested import append_bytes
 from evolve.work.item import ClaimLost, SourceError, WorkItem, WorkSource
 
 MAX_SCOUTS_PER_CYCLE = 3

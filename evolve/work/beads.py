@@ -14,8 +14,8 @@ from typing import Any
 import orjson
 
 from evolve.procgroup import CaptureError, run_capture
-from evolve.work.harvested import fast_clean, gc_paused
-from evolve.work.item import LazyItems, SourceError, WorkItem
+from evolve.store.jsonl import gc_paused
+from evolve.work.item import LazyItems, SourceError, WorkItem, fast_clean
 
 DROPPED_LABELS = frozenset({"operator-shape", "meta-runtime", "human-coordinate"})
 RED_LABELS = frozenset({"gate-fix", "ci-red", "regression"})

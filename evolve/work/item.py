@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, overload
 
@@ -15,6 +15,37 @@ def clean_text(text: object, limit: int = 200) -> str:
     s = _CONTROL.sub(" ", str(text)).strip()
     s = re.sub(r"\s{2,}", " ", s)
     return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+def fast_clean(text: object, limit: int = 200) -> str:
+    """:func:`clean_text`, skipping its regexes when the text is already one short printable line."""
+    s = text if isinstance(text, str) else str(text)
+    # Printable strings hold no control or invisible characters and no whitespace but " ".
+    if len(s) <= limit and s.isprintable() and "  " not in s and s.strip() == s:
+        return s
+    return clean_text(s, limit)
+
+
+_PUNCT = re.compile(r"[^\w\s]")
+
+
+def normalise_title(title: object) -> str:
+    """Lower case, punctuation to spaces, whitespace collapsed: two spellings of one title compare equal."""
+    return " ".join(_PUNCT.sub(" ", str(title).lower()).split())
+
+
+def item_keys(item: Mapping[str, Any]) -> set[str]:
+    """What identifies a queued item for deduplication: its normalised title and its ``dedup_key``."""
+    keys = {"title:" + normalise_title(item.get("title", ""))}
+    key = item.get("dedup_key")
+    if isinstance(key, str) and key:
+        keys.add("dedup:" + key)
+    return keys
+
+
+def keys_of(items: Iterable[Mapping[str, Any]]) -> set[str]:
+    """Every key of these items (what :func:`evolve.work.generators.dedup` compares)."""
+    return set().union(*(item_keys(it) for it in items))
 
 
 def short_ref(ref: str, limit: int = 512) -> str:
