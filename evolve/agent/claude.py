@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from evolve.agent import stream
-from evolve.agent.command import Invocation
+from evolve.agent.invocation import Invocation
 from evolve.agent.report import AgentReport
 from evolve.config import AgentConfig
 from evolve.procgroup import Limits, run_group

@@ -23,7 +23,7 @@ from evolve import crashpoint, exitcodes, gitops
 from evolve import log as logmod
 from evolve.agent import prompt, retry
 from evolve.agent import session as sessions
-from evolve.agent.command import Invocation
+from evolve.agent.invocation import Invocation
 from evolve.agent.report import AgentReport
 from evolve.agent.runners import Runner, make_runner
 from evolve.config import Config
