@@ -679,31 +679,18 @@ class Fire:
         kind = disp.split(":", 1)[0].strip().lower()
         reason = disp.split(":", 1)[1].strip() if ":" in disp else disp
         src = self._source(item.source)
-        queue = self.selector.harvested
         try:
             if src is not None:
                 src.release(item, claimer, now, "scout")
             if kind == "split" and report.new_work:
                 children = [{**c, "discovered_from": item.ref} for c in report.new_work]
                 self._queue_new_work(cycle, children, epic=f"scout-split:{item.ref}")
-                if item.source == "harvested":
-                    queue.annotate(
-                        item,
-                        now,
-                        status="split",
-                        disposition="split",
-                        split_into=[str(c.get("title", "")) for c in children],
-                    )
-            elif kind == "defer":
-                if item.source == "harvested":
-                    queue.annotate(item, now, disposition=f"defer:{reason or 'scout'}")
-                elif item.source == "beads":
-                    self.selector.beads.defer(item, now, reason)
-            elif kind == "park":
-                if item.source == "harvested":
-                    queue.park(item, now, reason or "scope too big; needs operator triage")
-                elif item.source == "beads":
-                    self.selector.beads.park(item, now, reason or "scope too big; needs operator triage")
+                if src is not None:
+                    src.split(item, now, children)
+            elif kind == "defer" and src is not None:
+                src.defer(item, now, reason)
+            elif kind == "park" and src is not None:
+                src.park(item, now, reason or "scope too big; needs operator triage")
         except (SourceError, OSError) as exc:
             self.log.error("scout.error", error=str(exc)[:300])
         self.log.info("cycle.scout", cycle=cycle, ref=item.ref, disposition=disp)
@@ -923,11 +910,9 @@ class Fire:
             return
         st.attempts = {k: v for k, v in st.attempts.items() if k != item.ref}
         note = f"evolve: parked after {n} failed attempts (last: {result} {report.error_class or ''})".strip()
-        park = getattr(src, "park", None)
-        if park is None:
+        if not src.park(item, stamp, note):
             self.log.warning("item.attempts_spent", ref=item.ref, attempts=n, note="source cannot park")
             return
-        park(item, stamp, note)
         self.log.warning("item.parked", ref=item.ref, attempts=n)
 
     def _streak_limit(self) -> int:

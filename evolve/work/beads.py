@@ -143,11 +143,15 @@ class BeadsSource:
     def release(self, item: WorkItem, claimer: str | None, now: str, reason: str) -> None:
         """Nothing to undo in the tracker."""
 
-    def park(self, item: WorkItem, now: str, note: str) -> None:
+    def park(self, item: WorkItem, now: str, note: str) -> bool:
         self._update("update", bead_id(item), "--status", "blocked", "--notes", note)
+        return True
 
     def defer(self, item: WorkItem, now: str, reason: str) -> None:
         self._update("update", bead_id(item), "--status", "deferred", "--notes", f"defer: {reason}")
+
+    def split(self, item: WorkItem, now: str, children: Sequence[Mapping[str, Any]]) -> None:
+        """The children go to the harvested queue; the bead stays open in the tracker until closed."""
 
 
 def bead_id(item: WorkItem) -> str:

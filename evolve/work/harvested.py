@@ -40,7 +40,7 @@ import tempfile
 import time
 import weakref
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -476,84 +476,69 @@ class HarvestedQueue:
     # -- lifecycle -------------------------------------------------------------------------
 
     def claim(self, item: WorkItem, claimer: str, now: str) -> None:
-        def mutate(edit: _Edit) -> bool:
-            found = edit.find(item, item_selectable)
-            if found is None:
-                raise ClaimLost(item.ref)
-            li, entry, it = found
-            it.update(claim_status="in_progress", claimed_by=claimer, claimed_at=now)
-            edit.mark(li, entry)
-            return True
-
-        self._rewrite(mutate)
+        fields = {"claim_status": "in_progress", "claimed_by": claimer, "claimed_at": now}
+        self._update(item, item_selectable, fields, required=True)
 
     def finalize(self, item: WorkItem, claimer: str, now: str) -> None:
-        def mutate(edit: _Edit) -> bool:
-            found = edit.find(
-                item, lambda e, i: i.get("claim_status") == "in_progress" and i.get("claimed_by") == claimer
-            )
-            if found is None:
-                return False
-            li, entry, it = found
-            it.update(consumed=True, claim_status="consumed", consumed_by=claimer, consumed_at=now)
-            if entry is not it and all(i.get("consumed") is True for i in entry_items(entry)):
-                entry.update(consumed=True, claim_status="consumed", consumed_by=claimer, consumed_at=now)
-            edit.mark(li, entry)
-            return True
+        done = {"consumed": True, "claim_status": "consumed", "consumed_by": claimer, "consumed_at": now}
 
-        self._rewrite(mutate)
+        def whole_entry(entry: dict[str, Any], it: dict[str, Any]) -> None:
+            # The last open item of an entry consumes the entry too.
+            if entry is not it and all(i.get("consumed") is True for i in entry_items(entry)):
+                entry.update(done)
+
+        self._update(item, _claimed_by(claimer), done, then=whole_entry)
 
     def release(self, item: WorkItem, claimer: str | None, now: str, reason: str) -> None:
-        def mutate(edit: _Edit) -> bool:
-            found = edit.find(
-                item,
-                lambda e, i: (
-                    i.get("claim_status") == "in_progress" and (claimer is None or i.get("claimed_by") == claimer)
-                ),
-            )
-            if found is None:
-                return False
-            li, entry, it = found
-            it.update(consumed=False, claim_status="available", claimed_by=None, claimed_at=None, failed_at=now)
-            edit.mark(li, entry)
-            return True
-
-        self._rewrite(mutate)
+        fields = {"consumed": False, "claim_status": "available", "claimed_by": None, "claimed_at": None}
+        self._update(item, _claimed_by(claimer), {**fields, "failed_at": now})
 
     def annotate(self, item: WorkItem, now: str, **fields: Any) -> None:
         """Set scout outcome fields (``disposition``, ``status``, ``split_into``) on an open item."""
+        self._update(item, _open, {**fields, "scouted_at": now})
+
+    def defer(self, item: WorkItem, now: str, reason: str) -> None:
+        """A scout's defer: ``disposition: "defer:<reason>"`` keeps the item out of selection."""
+        self.annotate(item, now, disposition=f"defer:{reason or 'scout'}")
+
+    def split(self, item: WorkItem, now: str, children: Sequence[Mapping[str, Any]]) -> None:
+        """A scout's split (the caller queues the children): the item is marked split, no longer selectable."""
+        titles = [str(c.get("title", "")) for c in children]
+        self.annotate(item, now, status="split", disposition="split", split_into=titles)
+
+    def park(self, item: WorkItem, now: str, note: str) -> bool:
+        """Hold an item out of selection (attempt budget spent, or a scout's park): ``status: "blocked"``."""
+        fields = {"status": "blocked", "claim_status": "available", "claimed_by": None, "claimed_at": None}
+        self._update(item, _open, {**fields, "failed_at": now, "blocked_note": note})
+        return True  # (an item consumed meanwhile needs no parking)
+
+    def _update(
+        self,
+        item: WorkItem,
+        want: Callable[[dict[str, Any], dict[str, Any]], bool],
+        fields: dict[str, Any],
+        *,
+        then: Callable[[dict[str, Any], dict[str, Any]], None] | None = None,
+        required: bool = False,
+    ) -> bool:
+        """The one shape of every lifecycle write: find ``item`` where ``want`` accepts it, set ``fields``
+        on it (``then`` may change its entry too), and rewrite that line. Not found: nothing is written,
+        or ClaimLost when ``required`` (a claim). True when a line was rewritten."""
 
         def mutate(edit: _Edit) -> bool:
-            found = edit.find(item, lambda e, i: i.get("consumed") is not True)
+            found = edit.find(item, want)
             if found is None:
+                if required:
+                    raise ClaimLost(item.ref)
                 return False
             li, entry, it = found
-            it.update(fields, scouted_at=now)
+            it.update(fields)
+            if then is not None:
+                then(entry, it)
             edit.mark(li, entry)
             return True
 
-        self._rewrite(mutate)
-
-    def park(self, item: WorkItem, now: str, note: str) -> None:
-        """Hold an item out of selection (attempt budget spent): ``status: "blocked"``."""
-
-        def mutate(edit: _Edit) -> bool:
-            found = edit.find(item, lambda e, i: i.get("consumed") is not True)
-            if found is None:
-                return False
-            li, entry, it = found
-            it.update(
-                status="blocked",
-                claim_status="available",
-                claimed_by=None,
-                claimed_at=None,
-                failed_at=now,
-                blocked_note=note,
-            )
-            edit.mark(li, entry)
-            return True
-
-        self._rewrite(mutate)
+        return self._rewrite(mutate)
 
     def _rewrite(self, mutate: Callable[[_Edit], bool], attempts: int = 20) -> bool:
         """Apply ``mutate`` and replace the file atomically without losing concurrent appends."""
@@ -685,6 +670,15 @@ class HarvestedQueue:
 
     def append_entry(self, entry: dict[str, Any]) -> None:
         append_bytes(self.path, orjson.dumps(entry, option=orjson.OPT_APPEND_NEWLINE))
+
+
+def _open(entry: dict[str, Any], item: dict[str, Any]) -> bool:
+    return item.get("consumed") is not True
+
+
+def _claimed_by(claimer: str | None) -> Callable[[dict[str, Any], dict[str, Any]], bool]:
+    """Items in progress under ``claimer`` (None: under anyone)."""
+    return lambda e, i: i.get("claim_status") == "in_progress" and (claimer is None or i.get("claimed_by") == claimer)
 
 
 def _no_item(i: int) -> WorkItem:

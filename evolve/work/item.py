@@ -136,7 +136,11 @@ class ClaimLost(Exception):
 
 
 class WorkSource(Protocol):
-    """What the cycle needs from a source; beads, goals and generators implement the same."""
+    """A source's whole lifecycle, so the cycle never asks which source an item came from.
+
+    Implemented by the harvested queue (which generators feed), beads and goals/directives. Every
+    method takes an item this source's :meth:`candidates` returned; ``now`` is an ISO timestamp.
+    """
 
     name: str
 
@@ -144,8 +148,29 @@ class WorkSource(Protocol):
         """Selectable items in the source's own priority order; raises SourceError."""
         ...
 
-    def claim(self, item: WorkItem, claimer: str, now: str) -> None: ...
+    def claim(self, item: WorkItem, claimer: str, now: str) -> None:
+        """Take the item for a cycle; raises ClaimLost when it is no longer selectable."""
+        ...
 
-    def finalize(self, item: WorkItem, claimer: str, now: str) -> None: ...
+    def finalize(self, item: WorkItem, claimer: str, now: str) -> None:
+        """The cycle that claimed it landed: the item is done."""
+        ...
 
-    def release(self, item: WorkItem, claimer: str | None, now: str, reason: str) -> None: ...
+    def release(self, item: WorkItem, claimer: str | None, now: str, reason: str) -> None:
+        """Give a claimed item back (a failed cycle, a crash, a scout); ``claimer`` None: whoever holds it."""
+        ...
+
+    def defer(self, item: WorkItem, now: str, reason: str) -> None:
+        """A scout's defer: not now. Sources that cannot record it do nothing (the item comes back)."""
+        ...
+
+    def park(self, item: WorkItem, now: str, note: str) -> bool:
+        """Hold the item out of selection until an operator looks (attempt budget spent, a scout's park).
+
+        False when the source has no way to do that (the caller says so); True otherwise.
+        """
+        ...
+
+    def split(self, item: WorkItem, now: str, children: Sequence[Mapping[str, Any]]) -> None:
+        """A scout's split: ``children`` are already queued as new work; record that the item was split."""
+        ...
