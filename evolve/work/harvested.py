@@ -29,6 +29,9 @@ checked against the line) or else by scanning the file, and afterwards re-ranks 
 changed; lines salvaged from concurrent appenders come in through the append path. The tail check
 cannot see a same-length in-place edit further up that comes with an append, so before writing the
 file back a rewrite compares the whole region's hash if appends were taken on the tail check alone.
+
+The byte-level mechanics (chunked reads, hashes, the racy-stat test, appends) are in
+:mod:`evolve.store.jsonl`; this module holds the queue's schema, its ranking and its index.
 """
 
 from __future__ import annotations
