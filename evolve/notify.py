@@ -6,7 +6,7 @@ and never changes a fire's outcome or exit code.
 
 - **notify**: ``[notify] command`` (an argv, never a shell) runs on ``halt``, ``breaker.open``,
   ``handoff.written`` and ``regression`` with the event as one JSON object on stdin, in its own
-  process group, killed after ``[notify] timeout_s``.
+  process group (tagged with the fire's id), killed after ``[notify] timeout_s``.
 - **metrics**: with ``[metrics] textfile_dir`` set, ``evolve.prom`` is rewritten after every fire.
 - **journal**: one line per fire in ``.agents/evolve/fires.jsonl`` (when it ended, why, how many
   cycles, the halt and its detail), so the report can show fires that ran no cycle.
@@ -15,8 +15,7 @@ and never changes a fire's outcome or exit code.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 import orjson
 
 from evolve.paths import Paths
+from evolve.procgroup import FIRE_TAG, Limits, run_group
 from evolve.status import FIRES_FILE
 from evolve.store.atomic import NOFOLLOW
 from evolve.timeutil import utc_iso
@@ -32,6 +32,7 @@ from evolve.timeutil import utc_iso
 Observer = Callable[[str, dict[str, Any]], None]
 NOTIFY_EVENTS = frozenset({"halt", "breaker.open", "handoff.written", "regression"})
 MAX_STDIN = 64 * 1024
+GRACE_S = 1.0  # TERM → KILL after a timeout: a notifier is a webhook call, nothing to shut down cleanly
 
 
 def _say(level: str, event: str, **fields: Any) -> None:
@@ -56,31 +57,39 @@ def run_notify(
     argv: Sequence[str], payload: Mapping[str, Any], *, timeout_s: float, cwd: Path | None = None,
     env: Mapping[str, str] | None = None,
 ) -> NotifyResult:
-    """Run ``argv`` with ``payload`` as JSON on stdin; kill its process group after ``timeout_s``."""
+    """Run ``argv`` with ``payload`` as JSON on stdin; kill its process group after ``timeout_s``.
+
+    It runs like every other child of a fire (:func:`evolve.procgroup.run_group`): in its own group,
+    which goes when it ends, and tagged with the fire's id, so a fire that dies meanwhile leaves
+    nothing the next one cannot find.
+    """
     data = orjson.dumps(dict(payload), default=str, option=orjson.OPT_APPEND_NEWLINE)[:MAX_STDIN]
     child_env = dict(os.environ if env is None else env)
     child_env["EVOLVE_EVENT"] = str(payload.get("event", ""))
     if payload.get("repo"):
         child_env["EVOLVE_REPO"] = str(payload["repo"])
-    try:
-        proc = subprocess.Popen(
-            list(argv), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            cwd=cwd, env=child_env, start_new_session=True,
-        )
-    except (OSError, ValueError) as exc:
-        return NotifyResult(False, error=f"{type(exc).__name__}: {exc}"[:300])
-    try:
-        _, err = proc.communicate(data, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
+    if payload.get("fire_id"):
+        child_env[FIRE_TAG] = str(payload["fire_id"])
+    with tempfile.TemporaryDirectory(prefix="evolve-notify-") as tmp:
+        stdin, stderr = Path(tmp) / "stdin", Path(tmp) / "stderr"
+        stdin.write_bytes(data)
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.communicate()
-        return NotifyResult(False, proc.returncode, timed_out=True, error=f"timed out after {timeout_s:g}s")
-    if proc.returncode != 0:
+            res = run_group(
+                argv,
+                cwd=cwd,
+                env=child_env,
+                limits=Limits(timeout_s=timeout_s, grace_s=GRACE_S, tail_bytes=0),
+                stdin_path=stdin,
+                stderr_path=stderr,
+            )
+        except (OSError, ValueError) as exc:
+            return NotifyResult(False, error=f"{type(exc).__name__}: {exc}"[:300])
+        err = stderr.read_bytes() if stderr.exists() else b""
+    if res.timed_out:
+        return NotifyResult(False, res.returncode, timed_out=True, error=f"timed out after {timeout_s:g}s")
+    if res.returncode != 0:
         text = err.decode("utf-8", "replace").strip()[:300]
-        return NotifyResult(False, proc.returncode, error=text or f"exit {proc.returncode}")
+        return NotifyResult(False, res.returncode, error=text or f"exit {res.returncode}")
     return NotifyResult(True, 0)
 
 

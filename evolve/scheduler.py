@@ -41,11 +41,11 @@ from apscheduler.triggers.cron import CronTrigger
 
 from evolve import config, exitcodes, sdnotify
 from evolve import log as logmod
-from evolve.agent.process import group_alive
 from evolve.cronexpr import CronSpec, apscheduler_fields, max_interval_s, next_times
 from evolve.cycle.fire import Fire, FireOptions
 from evolve.notify import observers_for
 from evolve.paths import Paths
+from evolve.procgroup import group_alive
 from evolve.status import publish_daemon
 
 SIGNAL_EXIT = {signal.SIGTERM: exitcodes.SIGTERM, signal.SIGINT: exitcodes.SIGINT}

@@ -250,8 +250,7 @@ def test_resolve_returns_a_fresh_list():
 
 
 def test_fast_clean_equals_clean_text_on_every_character():
-    from evolve.work.harvested import fast_clean
-    from evolve.work.item import clean_text
+    from evolve.work.item import clean_text, fast_clean
 
     for c in range(0x110000):
         if 0xD800 <= c <= 0xDFFF:
@@ -263,8 +262,7 @@ def test_fast_clean_equals_clean_text_on_every_character():
 @pytest.mark.parametrize("text", ["", " ", "plain title", " lead", "trail ", "two  spaces", "x" * 200, "x" * 201,
                                   "é" * 250, "tab\there", "nl\nhere", "zw\u200bsp", 42, None, ["list"]])
 def test_fast_clean_equals_clean_text(text):
-    from evolve.work.harvested import fast_clean
-    from evolve.work.item import clean_text
+    from evolve.work.item import clean_text, fast_clean
 
     assert fast_clean(text) == clean_text(text)
 

@@ -17,7 +17,7 @@ import pytest
 from fake_anthropic import FakeAnthropic, report_text, system_text, user_texts
 from support import Env, entry, results
 
-from evolve.agent.process import group_alive
+from evolve.procgroup import group_alive
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import orjson
 
-from evolve.agent.command import CommandRunner, Invocation, substitute
+from evolve.agent.command import CommandRunner, substitute
+from evolve.agent.invocation import Invocation
 from evolve.agent.prompt import Orientation
 from evolve.config import AgentConfig
 from evolve.work.item import WorkItem

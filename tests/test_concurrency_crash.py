@@ -11,7 +11,7 @@ import time
 import orjson
 from support import Env, entry, improved_step, results
 
-from evolve.agent.process import group_alive
+from evolve.procgroup import group_alive
 
 
 def test_twenty_fires_at_once_one_runs_the_rest_exit_75(env: Env) -> None:

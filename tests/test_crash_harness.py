@@ -19,7 +19,7 @@ import orjson
 import pytest
 from support import Env, entry
 
-from evolve.agent.process import group_alive
+from evolve.procgroup import group_alive
 
 BATCH = 20  # items appended whenever fewer than LOW are left to select
 LOW = 10

@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 from support import Env, entry, git, improved_step, results
 
-from evolve.agent.process import group_alive
+from evolve.procgroup import group_alive
 from evolve.sdnotify import Notifier
 from evolve.store.lock import FireLock
 

@@ -105,6 +105,45 @@ def test_governor_not_run_when_kill_present(env: Env, cli) -> None:
     assert not flag.exists()
 
 
+def _running(pid: int) -> bool:
+    """Alive and not a zombie waiting to be reaped by init."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            return "zombie" not in fh.read()
+    except FileNotFoundError:
+        return False
+
+
+def test_governor_runs_in_its_own_group_with_the_fire_id_and_is_killed_whole_on_timeout(env: Env, cli) -> None:
+    """The governor is a child like the agent: its own process group, the fire's id in its environment,
+    and on a timeout the whole group (what it started too) is killed and the fire carries on."""
+    env.queue(entry("a"))
+    seen = env.root / "governor.json"
+    gov = env.root / "gov.py"
+    gov.write_text(
+        "import json, os, subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"open({str(seen)!r}, 'w').write(json.dumps({{'pid': os.getpid(), 'pgid': os.getpgrp(),\n"
+        "    'fire': os.environ.get('EVOLVE_FIRE_ID'), 'child': child.pid}))\n"
+        "time.sleep(60)\n"
+    )
+    started = time.monotonic()
+    r = cli("fire", "--cycles", "1", extra_env={
+        "EVOLVE_GOVERNOR_CMD": orjson.dumps([sys.executable, str(gov)]).decode(), "EVOLVE_HALT_TIMEOUT": "1"})
+    assert r.code == 0, r.stderr
+    assert time.monotonic() - started < 45  # not the governor's 60 s
+    info = orjson.loads(seen.read_bytes())
+    assert info["pgid"] == info["pid"] != os.getpgrp()  # it leads a group of its own
+    fire_ids = {e.get("fire_id") for e in r.events() if e["event"] == "fire.end"}
+    assert info["fire"] and fire_ids == {info["fire"]}
+    assert any(e["event"] == "governor.error" and "timed out" in e["error"] for e in r.events())
+    for pid in (info["pid"], info["child"]):  # the group went, the child it started included
+        deadline = time.monotonic() + 10
+        while _running(pid):
+            assert time.monotonic() < deadline, f"{pid} outlived the governor's timeout"
+            time.sleep(0.05)
+
+
 def test_breaker_opens_after_three_failures_and_halts(env: Env, cli) -> None:
     env.queue(entry("a", "b", "c", "d"))
     env.steps([{"exit": 1}])

@@ -404,7 +404,7 @@ def test_rewrite_never_writes_over_an_in_place_edit_the_tail_check_missed(tmp_pa
 def test_gc_paused_restores_the_collector_and_leaves_a_freeze_alone() -> None:
     import gc
 
-    from evolve.work.harvested import gc_paused
+    from evolve.store.jsonl import gc_paused
 
     assert gc.isenabled()
     with gc_paused():

@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 from support import Env, entry, git
 
 from evolve.agent import prompt
-from evolve.agent.command import Invocation
 from evolve.agent.http import (
     ANSWER_FORMAT,
     HttpRunner,
@@ -29,6 +28,7 @@ from evolve.agent.http import (
     total_chars,
     trim_history,
 )
+from evolve.agent.invocation import Invocation
 from evolve.config import AgentConfig
 from evolve.work.item import WorkItem
 

@@ -19,7 +19,7 @@ import yaml
 from support import Env, entry, results
 
 from evolve import cronexpr, deploy
-from evolve.agent.process import group_alive
+from evolve.procgroup import group_alive
 from evolve.store.lock import FireLock
 
 ROOT = Path(__file__).parents[1]

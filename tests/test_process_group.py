@@ -6,7 +6,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from evolve.agent.process import group_alive, kill_group
+from evolve.procgroup import group_alive, kill_group
 
 
 def _state(pid: int) -> str:
@@ -48,7 +48,7 @@ def test_a_leader_that_exits_leaving_a_child_on_the_pipe_ends_the_run(tmp_path: 
     import os
     import sys
 
-    from evolve.agent.process import LINGER_S, run_group
+    from evolve.procgroup import LINGER_S, Limits, run_group
 
     script = (
         "import subprocess, sys, time\n"
@@ -59,7 +59,7 @@ def test_a_leader_that_exits_leaving_a_child_on_the_pipe_ends_the_run(tmp_path: 
     pid_file = tmp_path / "child.pid"
     started = time.monotonic()
     res = run_group([sys.executable, "-c", script, str(pid_file)], cwd=tmp_path, env=dict(os.environ),
-                    timeout_s=60, idle_timeout_s=30)
+                    limits=Limits(timeout_s=60, idle_timeout_s=30))
     took = time.monotonic() - started
     assert res.returncode == 0 and not res.timed_out and not res.interrupted
     assert "started the server" in res.output_tail

@@ -122,7 +122,7 @@ def test_a_symlinked_queue_is_read_but_never_written_through(env: Env, cli, tmp_
     titles = [i["title"] for line in env.paths.nextwork.read_bytes().splitlines() for i in orjson.loads(line)["items"]]
     assert titles == ["a", "follow-up"]
     with pytest.raises(OSError):
-        from evolve.work.harvested import append_bytes
+        from evolve.store.jsonl import append_bytes
 
         os.unlink(env.paths.nextwork)
         os.symlink(real, env.paths.nextwork)

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from evolve.agent import stream
-from evolve.agent.command import Invocation
-from evolve.agent.process import run_group
+from evolve.agent.invocation import Invocation
 from evolve.agent.report import AgentReport
 from evolve.config import AgentConfig
+from evolve.procgroup import Limits, run_group
 from evolve.secrets import secret_values
 from evolve.store.atomic import write_new
 
@@ -143,15 +143,17 @@ class ClaudeRunner:
                     self.argv(inv),
                     cwd=inv.repo,
                     env=env,
-                    timeout_s=self.cfg.timeout_s,
-                    idle_timeout_s=self.cfg.idle_timeout_s,
+                    limits=Limits(
+                        timeout_s=self.cfg.timeout_s,
+                        idle_timeout_s=self.cfg.idle_timeout_s,
+                        heartbeat_s=self.cfg.heartbeat_s,
+                    ),
                     log_path=inv.run_dir / f"cycle-{inv.cycle}.log",
                     stdin_path=stdin,
                     on_start=on_start,
                     on_output=state.feed,
                     stop=stop,
                     on_heartbeat=beat,
-                    heartbeat_s=self.cfg.heartbeat_s,
                     redact_values=secret_values(env),
                 )
             except OSError as exc:

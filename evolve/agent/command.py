@@ -11,18 +11,15 @@ import os
 import re
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
 
 import orjson
 
-from evolve.agent.process import run_group
-from evolve.agent.prompt import Orientation
+from evolve.agent.invocation import Invocation
 from evolve.agent.report import AgentReport, parse_report
 from evolve.config import AgentConfig
+from evolve.procgroup import Limits, run_group
 from evolve.secrets import secret_values
 from evolve.store.atomic import write_new
-from evolve.work.item import WorkItem
 
 PLACEHOLDER = re.compile(r"\{(prompt_file|report_file|session_id|mode|work_json|cycle)\}")
 ENV_NAMES = {
@@ -33,46 +30,6 @@ ENV_NAMES = {
     "work_json": "EVOLVE_WORK_JSON",
     "cycle": "EVOLVE_CYCLE",
 }
-
-
-@dataclass(frozen=True)
-class Invocation:
-    repo: Path
-    run_dir: Path
-    cycle: int
-    mode: str
-    session_id: str
-    resume: bool
-    work: WorkItem
-    orientation: Orientation
-    fork_from: str | None = None  # mode "fork": the parent session resumed with --fork-session
-
-    @property
-    def prompt(self) -> str:
-        """The whole orientation and task as one text (the command runner's prompt file)."""
-        return self.orientation.full()
-
-    @property
-    def prompt_file(self) -> Path:
-        return self.run_dir / f"cycle-{self.cycle}.prompt.md"
-
-    @property
-    def report_file(self) -> Path:
-        return self.run_dir / f"cycle-{self.cycle}.report.json"
-
-    @property
-    def log_file(self) -> Path:
-        return self.run_dir / f"cycle-{self.cycle}.log"
-
-    def values(self) -> dict[str, str]:
-        return {
-            "prompt_file": str(self.prompt_file),
-            "report_file": str(self.report_file),
-            "session_id": self.session_id,
-            "mode": self.mode,
-            "work_json": orjson.dumps(self.work.as_json()).decode(),
-            "cycle": str(self.cycle),
-        }
 
 
 def substitute(template: list[str], values: Mapping[str, str]) -> list[str]:
@@ -136,13 +93,15 @@ class CommandRunner:
                 argv,
                 cwd=inv.repo,
                 env=env,
-                timeout_s=self.cfg.timeout_s,
-                idle_timeout_s=self.cfg.idle_timeout_s,
+                limits=Limits(
+                    timeout_s=self.cfg.timeout_s,
+                    idle_timeout_s=self.cfg.idle_timeout_s,
+                    heartbeat_s=self.cfg.heartbeat_s,
+                ),
                 log_path=inv.log_file,
                 on_start=on_start,
                 stop=stop,
                 on_heartbeat=on_heartbeat,
-                heartbeat_s=self.cfg.heartbeat_s,
                 redact_values=secret_values(env),
             )
         except OSError as exc:

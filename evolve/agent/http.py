@@ -37,7 +37,7 @@ from typing import Any
 import orjson
 
 from evolve import __version__, gitops
-from evolve.agent.command import Invocation
+from evolve.agent.invocation import Invocation
 from evolve.agent.report import AgentReport, Usage, parse_report
 from evolve.config import AgentConfig
 from evolve.store.atomic import write_json, write_new

@@ -6,7 +6,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from evolve.agent.command import Invocation
+from evolve.agent.invocation import Invocation
 from evolve.agent.report import AgentReport
 from evolve.config import Config
 from evolve.paths import Paths

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import threading
 import time
 import uuid
@@ -24,8 +23,7 @@ from evolve import crashpoint, exitcodes, gitops
 from evolve import log as logmod
 from evolve.agent import prompt, retry
 from evolve.agent import session as sessions
-from evolve.agent.command import Invocation
-from evolve.agent.process import group_alive, kill_group, tagged_groups
+from evolve.agent.invocation import Invocation
 from evolve.agent.report import AgentReport
 from evolve.agent.runners import Runner, make_runner
 from evolve.config import Config
@@ -39,15 +37,16 @@ from evolve.harness import handoff as handoffs
 from evolve.harness import hooks as harness_hooks
 from evolve.harness import loop as harness
 from evolve.paths import Paths
+from evolve.procgroup import Limits, group_alive, kill_group, run_group, tagged_groups
 from evolve.secrets import redact, secret_values
 from evolve.store import session_state
 from evolve.store.atomic import atomic_write_bytes, sweep_temps, write_json
+from evolve.store.jsonl import append_bytes
 from evolve.store.ledger import Ledger
 from evolve.store.lock import FireLock
 from evolve.store.markers import read_marker, remove_marker
 from evolve.timeutil import parse_iso, utc_iso
 from evolve.work import dormancy, generators, ladder
-from evolve.work.harvested import append_bytes
 from evolve.work.item import ClaimLost, SourceError, WorkItem, WorkSource
 
 MAX_SCOUTS_PER_CYCLE = 3
@@ -354,13 +353,18 @@ class Fire:
         return self.selector.probe_any_work(self.state)
 
     def _run_governor(self) -> int:
+        # Like every child of a fire: its own group (killed whole on timeout) and the fire's env (its id).
         argv = self.cfg.halt.governor_cmd
+        timeout_s = self.cfg.halt.timeout_s
         try:
-            proc = subprocess.run(
-                argv, cwd=self.paths.repo, capture_output=True, timeout=self.cfg.halt.timeout_s, check=False
+            proc = run_group(
+                argv, cwd=self.paths.repo, env=self.env, limits=Limits(timeout_s=timeout_s, grace_s=1.0, tail_bytes=0)
             )
-        except (OSError, subprocess.TimeoutExpired) as exc:
+        except OSError as exc:
             self.log.warning("governor.error", error=str(exc)[:300])
+            return -1
+        if proc.timed_out or proc.returncode is None:
+            self.log.warning("governor.error", error=f"{argv[0]} timed out after {timeout_s:g}s; process group killed")
             return -1
         return proc.returncode
 
@@ -675,31 +679,18 @@ class Fire:
         kind = disp.split(":", 1)[0].strip().lower()
         reason = disp.split(":", 1)[1].strip() if ":" in disp else disp
         src = self._source(item.source)
-        queue = self.selector.harvested
         try:
             if src is not None:
                 src.release(item, claimer, now, "scout")
             if kind == "split" and report.new_work:
                 children = [{**c, "discovered_from": item.ref} for c in report.new_work]
                 self._queue_new_work(cycle, children, epic=f"scout-split:{item.ref}")
-                if item.source == "harvested":
-                    queue.annotate(
-                        item,
-                        now,
-                        status="split",
-                        disposition="split",
-                        split_into=[str(c.get("title", "")) for c in children],
-                    )
-            elif kind == "defer":
-                if item.source == "harvested":
-                    queue.annotate(item, now, disposition=f"defer:{reason or 'scout'}")
-                elif item.source == "beads":
-                    self.selector.beads.defer(item, now, reason)
-            elif kind == "park":
-                if item.source == "harvested":
-                    queue.park(item, now, reason or "scope too big; needs operator triage")
-                elif item.source == "beads":
-                    self.selector.beads.park(item, now, reason or "scope too big; needs operator triage")
+                if src is not None:
+                    src.split(item, now, children)
+            elif kind == "defer" and src is not None:
+                src.defer(item, now, reason)
+            elif kind == "park" and src is not None:
+                src.park(item, now, reason or "scope too big; needs operator triage")
         except (SourceError, OSError) as exc:
             self.log.error("scout.error", error=str(exc)[:300])
         self.log.info("cycle.scout", cycle=cycle, ref=item.ref, disposition=disp)
@@ -919,11 +910,9 @@ class Fire:
             return
         st.attempts = {k: v for k, v in st.attempts.items() if k != item.ref}
         note = f"evolve: parked after {n} failed attempts (last: {result} {report.error_class or ''})".strip()
-        park = getattr(src, "park", None)
-        if park is None:
+        if not src.park(item, stamp, note):
             self.log.warning("item.attempts_spent", ref=item.ref, attempts=n, note="source cannot park")
             return
-        park(item, stamp, note)
         self.log.warning("item.parked", ref=item.ref, attempts=n)
 
     def _streak_limit(self) -> int:

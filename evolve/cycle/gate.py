@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from evolve import crashpoint, gitops
-from evolve.agent.process import run_group
 from evolve.agent.report import AgentReport
 from evolve.config import Config
 from evolve.paths import Paths
+from evolve.procgroup import Limits, run_group
 from evolve.work.item import WorkItem, clean_text
 
 _STRUCTURAL_RED = re.compile(r"Pass [0-9]+: (FAILED|BLOCKED)")
@@ -160,11 +160,8 @@ class Gate:
                         argv,
                         cwd=self.paths.repo,
                         env=self.env,
-                        timeout_s=self.cfg.gate.timeout_s,
-                        idle_timeout_s=0,
+                        limits=Limits(timeout_s=self.cfg.gate.timeout_s, grace_s=2.0, tail_bytes=0),
                         log_path=out,
-                        grace_s=2.0,
-                        tail_bytes=0,
                     )
                 except OSError as exc:
                     return f"{argv[0]}: {exc}"

@@ -19,7 +19,7 @@ from evolve.work import generators, ladder
 from evolve.work.beads import BeadsSource
 from evolve.work.goal_source import GoalsSource
 from evolve.work.harvested import HarvestedQueue
-from evolve.work.item import LazyItems, SourceError, WorkItem, WorkSource
+from evolve.work.item import LazyItems, SourceError, WorkItem, WorkSource, item_keys, keys_of
 
 
 class Selector:
@@ -74,7 +74,7 @@ class Selector:
         )
         for err in errors:
             self.log.warning("generator.error", error=err[:300])
-        fresh = generators.dedup(items, self.harvested.known_keys(generators.keys_of(items)))
+        fresh = generators.dedup(items, self.harvested.known_keys(keys_of(items)))
         self.generated_preview = fresh
         if not fresh:
             return ladder.Probe(error="; ".join(errors)[:300] if errors and not items else None)
@@ -85,10 +85,10 @@ class Selector:
         appended_at = self.harvested.lines  # as last read: the new entry is on this line or a later one
         self.harvested.append_entry(generators.generator_entry(fresh, utc_iso()))
         self.log.info("generator.items", count=len(fresh))
-        keys = generators.keys_of(fresh)
+        keys = keys_of(fresh)
 
         def queued(since: int) -> tuple[WorkItem, ...]:
-            return tuple(w for w in self.harvested.candidates(since) if generators.item_keys(w.data) & keys)
+            return tuple(w for w in self.harvested.candidates(since) if item_keys(w.data) & keys)
 
         found = queued(appended_at) or queued(0)  # (all of it if the file was rewritten under us)
         return ladder.Probe(found)

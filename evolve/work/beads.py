@@ -7,16 +7,15 @@ probe error, never "no work" (a failed probe must not walk the loop into DORMANT
 from __future__ import annotations
 
 import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from evolve.agent.process import run_group
-from evolve.work.harvested import fast_clean, gc_paused
-from evolve.work.item import LazyItems, SourceError, WorkItem
+from evolve.procgroup import CaptureError, run_capture
+from evolve.store.jsonl import gc_paused
+from evolve.work.item import LazyItems, SourceError, WorkItem, fast_clean
 
 DROPPED_LABELS = frozenset({"operator-shape", "meta-runtime", "human-coordinate"})
 RED_LABELS = frozenset({"gate-fix", "ci-red", "regression"})
@@ -108,7 +107,10 @@ class BeadsSource:
         self._last_items: Sequence[WorkItem] = ()
 
     def _run(self, argv: list[str]) -> bytes:
-        return run_capture(argv, cwd=self.repo, env=self.env, timeout_s=self.timeout_s)
+        try:
+            return run_capture(argv, cwd=self.repo, env=self.env, timeout_s=self.timeout_s)
+        except CaptureError as exc:  # a tracker that fails or hangs is a probe error, never "no work"
+            raise SourceError(str(exc)) from exc
 
     def candidates(self) -> Sequence[WorkItem]:
         argv = resolve_command(self.argv, which=lambda c: shutil.which(c, path=self.env.get("PATH")))
@@ -141,37 +143,15 @@ class BeadsSource:
     def release(self, item: WorkItem, claimer: str | None, now: str, reason: str) -> None:
         """Nothing to undo in the tracker."""
 
-    def park(self, item: WorkItem, now: str, note: str) -> None:
+    def park(self, item: WorkItem, now: str, note: str) -> bool:
         self._update("update", bead_id(item), "--status", "blocked", "--notes", note)
+        return True
 
     def defer(self, item: WorkItem, now: str, reason: str) -> None:
         self._update("update", bead_id(item), "--status", "deferred", "--notes", f"defer: {reason}")
 
-
-def run_capture(argv: list[str], *, cwd: Path, env: Mapping[str, str], timeout_s: float) -> bytes:
-    """Stdout of a probe command run in its own process group; any failure is a SourceError."""
-    with tempfile.TemporaryDirectory(prefix="evolve-probe-") as tmp:
-        out, err = Path(tmp) / "out", Path(tmp) / "err"
-        try:
-            res = run_group(
-                argv,
-                cwd=cwd,
-                env=env,
-                timeout_s=timeout_s,
-                idle_timeout_s=0,
-                log_path=out,
-                stderr_path=err,
-                grace_s=1.0,
-                tail_bytes=0,
-            )
-        except OSError as exc:
-            raise SourceError(f"cannot run {argv[0]}: {exc}") from exc
-        if res.timed_out:
-            raise SourceError(f"{argv[0]} timed out after {timeout_s:g}s")
-        if res.returncode != 0:
-            detail = err.read_bytes()[-300:].decode(errors="replace").strip() if err.exists() else ""
-            raise SourceError(f"{' '.join(argv[:2])} exited {res.returncode}: {detail}".strip())
-        return out.read_bytes() if out.exists() else b""
+    def split(self, item: WorkItem, now: str, children: Sequence[Mapping[str, Any]]) -> None:
+        """The children go to the harvested queue; the bead stays open in the tracker until closed."""
 
 
 def bead_id(item: WorkItem) -> str:

@@ -7,34 +7,17 @@ harvested rung, so generated work has the same lifecycle as any harvested item.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from evolve.work.beads import run_capture
-from evolve.work.item import SourceError
+from evolve.procgroup import CaptureError, run_capture
 
-_PUNCT = re.compile(r"[^\w\s]")
-
-
-def normalise_title(title: object) -> str:
-    return " ".join(_PUNCT.sub(" ", str(title).lower()).split())
-
-
-def item_keys(item: Mapping[str, Any]) -> set[str]:
-    keys = {"title:" + normalise_title(item.get("title", ""))}
-    key = item.get("dedup_key")
-    if isinstance(key, str) and key:
-        keys.add("dedup:" + key)
-    return keys
-
-
-def keys_of(items: Iterable[dict[str, Any]]) -> set[str]:
-    """Every key of these items (what :func:`dedup` compares)."""
-    return set().union(*(item_keys(it) for it in items))
+# keys_of is imported for callers that spell it generators.keys_of (cycle/fire.py, being rewritten
+# concurrently); new code takes both from evolve.work.item, where the keys live with the work item.
+from evolve.work.item import SourceError, item_keys, keys_of  # noqa: F401
 
 
 def parse_output(raw: bytes, name: str) -> list[dict[str, Any]]:
@@ -80,7 +63,7 @@ def run_all(
         name = Path(argv[0]).name if argv else "?"
         try:
             items.extend(parse_output(run_capture(list(argv), cwd=repo, env=env, timeout_s=timeout_s), name))
-        except SourceError as exc:
+        except (CaptureError, SourceError) as exc:
             errors.append(str(exc))
     return items, errors
 

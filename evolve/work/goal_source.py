@@ -6,7 +6,7 @@ unchanged; a measurement that fails (total timeout) never replaces the last good
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -132,3 +132,13 @@ class GoalsSource:
 
     def release(self, item: WorkItem, claimer: str | None, now: str, reason: str) -> None:
         """Nothing to undo."""
+
+    def defer(self, item: WorkItem, now: str, reason: str) -> None:
+        """A failing goal or an open directive is offered again at the next selection: nothing to record."""
+
+    def split(self, item: WorkItem, now: str, children: Sequence[Mapping[str, Any]]) -> None:
+        """The children go to the harvested queue; the goal itself stays until its check passes."""
+
+    def park(self, item: WorkItem, now: str, note: str) -> bool:
+        """GOALS.md is the operator's: a goal cannot be held out of selection from here."""
+        return False

@@ -29,73 +29,52 @@ checked against the line) or else by scanning the file, and afterwards re-ranks 
 changed; lines salvaged from concurrent appenders come in through the append path. The tail check
 cannot see a same-length in-place edit further up that comes with an append, so before writing the
 file back a rewrite compares the whole region's hash if appends were taken on the tail check alone.
+
+The byte-level mechanics (chunked reads, hashes, the racy-stat test, appends) are in
+:mod:`evolve.store.jsonl`; this module holds the queue's schema, its ranking and its index.
 """
 
 from __future__ import annotations
 
 import bisect
-import gc
 import hashlib
 import os
 import tempfile
 import time
 import weakref
 from array import array
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from evolve import crashpoint
-from evolve.store.atomic import fsync_dir, open_append
-from evolve.work.item import ClaimLost, LazyItems, SourceError, WorkItem, clean_text
+from evolve.store.atomic import fsync_dir
+from evolve.store.jsonl import (
+    Changed,
+    Out,
+    Read,
+    append_bytes,
+    gc_paused,
+    hash_region,
+    keep_tail,
+    objects,
+    parse_object,
+    racy,
+    read_lines,
+    stat_sig,
+)
+from evolve.work.item import ClaimLost, LazyItems, SourceError, WorkItem, fast_clean, item_keys
 
 CONCRETE = ("bug", "tech-debt", "improvement", "feature", "pattern-fix", "task")
 PROCESS = ("process-improvement", "docs", "chore")
 SEVERITY = {"high": 0, "medium": 1, "low": 2}
 
-TAIL_CHECK = 4096  # bytes at the end of the indexed region that must be unchanged to trust an append
-RACY_NS = 10_000_000  # a write this close to our read may keep its timestamps (a coarse clock tick is ≤ 10 ms)
-COARSE_RACY_NS = 2_000_000_000  # the same where the filesystem keeps whole seconds
 _ITEM_BITS = 32  # file order of item ``ii`` of line ``li``: ``li << _ITEM_BITS | ii``
 _LOW = (1 << _ITEM_BITS) - 1
 _BULK = 32  # more new ranked items than this: extend and sort instead of inserting one by one
-_CHUNK = 1 << 18  # read size of a parse, a hash or a copy
-_PROMOTE = 10_000  # new objects left alive by a parse above which they skip the young generations
 _VIEW_CACHE = 64  # parsed lines a candidates view keeps (items of one line are often read together)
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector over a bulk parse.
-
-    Parsed JSON is acyclic, so a collection frees nothing, but its passes walk the whole growing
-    heap and make a large parse super-linear. If the parse left many new objects alive, they are
-    moved straight to the oldest generation instead of being walked by a young collection (then an
-    older one) the moment the collector is back on; a full collection still visits them.
-    """
-    was = gc.isenabled()
-    if was:
-        gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            if gc.get_count()[0] > _PROMOTE and gc.get_freeze_count() == 0:  # (never undo someone's freeze)
-                gc.freeze()  # every tracked object to the permanent generation, young counts reset …
-                gc.unfreeze()  # … and back into the oldest generation
-            gc.enable()
-
-
-def fast_clean(text: object, limit: int = 200) -> str:
-    """:func:`clean_text`, skipping its regexes when the text is already one short printable line."""
-    s = text if isinstance(text, str) else str(text)
-    # Printable strings hold no control or invisible characters and no whitespace but " ".
-    if len(s) <= limit and s.isprintable() and "  " not in s and s.strip() == s:
-        return s
-    return clean_text(s, limit)
 
 
 def entry_items(obj: dict[str, Any]) -> list[dict[str, Any]]:
@@ -108,95 +87,14 @@ def entry_items(obj: dict[str, Any]) -> list[dict[str, Any]]:
     return []
 
 
-def _parse(raw: bytes) -> dict[str, Any] | None:
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-    return obj if isinstance(obj, dict) else None
-
-
-class _Read:
-    """What :func:`_read_lines` read: how many bytes, and the last :data:`TAIL_CHECK` of them."""
-
-    size = 0
-    tail = b""
-
-
-def _keep_tail(tail: bytes, data: bytes) -> bytes:
-    return data[-TAIL_CHECK:] if len(data) >= TAIL_CHECK else (tail + data)[-TAIL_CHECK:]
-
-
-def _chunks(fd: int, offset: int, limit: int | None, done: _Read, digest: Any = None) -> Iterator[bytes]:
-    """The file's bytes from ``offset`` to its end (or ``limit`` bytes), a chunk at a time, fed to ``digest``."""
-    pos = offset
-    end = None if limit is None else offset + limit
-    while True:
-        want = _CHUNK if end is None else min(_CHUNK, end - pos)
-        chunk = os.pread(fd, want, pos) if want > 0 else b""
-        if not chunk:
-            break
-        pos += len(chunk)
-        if digest is not None:
-            digest.update(chunk)
-        done.tail = _keep_tail(done.tail, chunk)
-        yield chunk
-    done.size = pos - offset
-
-
-def _read_lines(
-    fd: int, offset: int, done: _Read, limit: int | None = None, digest: Any = None
-) -> Iterator[tuple[list[int], list[bytes]]]:
-    """The non-blank lines (without newlines) from ``offset`` on, with where each starts in the file.
-
-    Yielded a chunk's lines at a time, so that each line is parsed while it is still in the cache
-    and the file is never held whole.
-    """
-    carry = b""
-    at = offset  # where the line being assembled (``carry``) starts
-    for chunk in _chunks(fd, offset, limit, done, digest):
-        parts = chunk.split(b"\n")
-        if carry:
-            parts[0] = carry + parts[0]
-        carry = parts.pop()  # b"" when the chunk ended with a newline, else a line still being read
-        starts: list[int] = []
-        lines: list[bytes] = []
-        for raw in parts:
-            if raw.strip():
-                starts.append(at)
-                lines.append(raw)
-            at += len(raw) + 1
-        if lines:
-            yield starts, lines
-    if carry.strip():
-        yield [at], [carry]
-
-
-def _entries(fd: int, limit: int | None = None) -> Iterator[dict[str, Any]]:
-    """The parsable entries from the start of ``fd`` (or its first ``limit`` bytes), in file order."""
-    for _, lines in _read_lines(fd, 0, _Read(), limit):
-        for raw in lines:
-            entry = _parse(raw)
-            if entry is not None:
-                yield entry
-
-
 def read_entries(path: Path) -> Iterator[dict[str, Any]]:
     """Every parsable entry of the queue at ``path``, streamed (for readers that count or list; the
     malformed lines are skipped, not repaired). Raises ``OSError``."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        yield from _entries(fd)
+        yield from objects(fd)
     finally:
         os.close(fd)
-
-
-def _hash_region(fd: int, size: int) -> tuple[bytes, _Read]:
-    digest = hashlib.sha256()
-    done = _Read()
-    for _ in _chunks(fd, 0, size, done, digest):
-        pass
-    return digest.digest(), done
 
 
 def item_ref(entry: dict[str, Any], item: dict[str, Any]) -> str:
@@ -251,16 +149,6 @@ def _packed_key(item: dict[str, Any], order: int, scope: int, quality: bool) -> 
     return ((key[0] * 4 + key[1]) * 4 + key[2]) << 64 | order
 
 
-def _racy(mtime_ns: int, known_ns: int) -> bool:
-    """True when a write after ``known_ns`` (when we knew the content) could leave ``mtime_ns`` as it is."""
-    window = COARSE_RACY_NS if mtime_ns % 1_000_000_000 == 0 else RACY_NS
-    return mtime_ns >= known_ns - window
-
-
-def _sig(st: os.stat_result) -> tuple[int, int, int, int]:
-    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
 def _where(key: int) -> tuple[int, int]:
     """``(line, item)`` of a packed rank key."""
     return (key >> _ITEM_BITS) & _LOW, key & _LOW
@@ -286,7 +174,7 @@ class _View:
         if li in self._cache:
             return self._cache[li]
         start = self._starts[li]
-        entry = _parse(os.pread(self._fd, self._ends[li] - start, start))
+        entry = parse_object(os.pread(self._fd, self._ends[li] - start, start))
         if len(self._cache) >= _VIEW_CACHE:
             del self._cache[next(iter(self._cache))]
         self._cache[li] = entry
@@ -318,7 +206,7 @@ class _Edit:
     def _entry(self, li: int, raw: bytes | None = None) -> dict[str, Any] | None:
         if li in self.changed:
             return self.changed[li]
-        return _parse(self._raw(li) if raw is None else raw)
+        return parse_object(self._raw(li) if raw is None else raw)
 
     def find(
         self, item: WorkItem, want: Callable[[dict[str, Any], dict[str, Any]], bool]
@@ -338,7 +226,7 @@ class _Edit:
                     return li, entry, items[ii]
         li = 0
         with gc_paused():
-            for _, lines in _read_lines(self.fd, 0, _Read(), self.queue._size):
+            for _, lines in read_lines(self.fd, 0, Read(), self.queue._size):
                 for raw in lines:
                     entry = self._entry(li, raw)
                     if entry is not None:
@@ -354,39 +242,10 @@ class _Edit:
         self.changed[li] = entry
 
 
-class _Changed(Exception):
-    """The file shrank under a rewrite that was copying it."""
-
-
-class _Out:
-    """The new file of a rewrite being written: its size, hash and last :data:`TAIL_CHECK` bytes."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.size = 0
-        self.digest = hashlib.sha256()
-        self.tail = b""
-
-    def write(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self.fd, view) :]
-        self.digest.update(data)
-        self.size += len(data)
-        self.tail = _keep_tail(self.tail, data)
-
-    def copy(self, src: int, start: int, end: int) -> None:
-        done = _Read()
-        for chunk in _chunks(src, start, end - start, done):
-            self.write(chunk)
-        if done.size != end - start:
-            raise _Changed
-
-
 class _Written:
     """A rewrite's new file, written and synced but not yet in place."""
 
-    def __init__(self, tmp: str, st: os.stat_result, out: _Out, starts: array[int], ends: array[int]) -> None:
+    def __init__(self, tmp: str, st: os.stat_result, out: Out, starts: array[int], ends: array[int]) -> None:
         self.tmp, self.st = tmp, st
         self.size, self.digest, self.tail = out.size, out.digest, out.tail
         self.starts, self.ends = starts, ends
@@ -457,7 +316,7 @@ class HarvestedQueue:
         """
         try:
             if st.st_ino == self._ino:
-                sig = _sig(st)
+                sig = stat_sig(st)
                 trusted = not self._racy and not (strict and self._unverified)
                 if sig == self._sig and trusted:
                     return
@@ -486,7 +345,7 @@ class HarvestedQueue:
 
     def _same_lines(self, fd: int) -> bool:
         """The indexed region, read again, holds exactly the bytes indexed (its hash is the same)."""
-        digest, done = _hash_region(fd, self._size)
+        digest, done = hash_region(fd, self._size)
         if done.size != self._size or digest != self._digest.digest():
             return False
         self._tail = done.tail
@@ -495,15 +354,15 @@ class HarvestedQueue:
     def _record(self, st: os.stat_result, known: int) -> None:
         self._ino = st.st_ino
         if self._size == st.st_size:
-            self._sig = _sig(st)
-            self._racy = _racy(st.st_mtime_ns, known)
+            self._sig = stat_sig(st)
+            self._racy = racy(st.st_mtime_ns, known)
         else:  # the file grew while we read it: the next call takes the append path
             self._sig = None
             self._racy = True
 
     def _rebuild(self, fd: int, st: os.stat_result, known: int) -> None:
         self._forget()
-        done = _Read()
+        done = Read()
         keys = self._index(fd, 0, done)
         keys.sort()
         self._keys = keys
@@ -511,24 +370,24 @@ class HarvestedQueue:
         self._record(st, known)
 
     def _append(self, fd: int, st: os.stat_result, known: int) -> None:
-        done = _Read()
+        done = Read()
         self._insert(self._index(fd, self._size, done))
         self._size += done.size
-        self._tail = _keep_tail(self._tail, done.tail)
+        self._tail = keep_tail(self._tail, done.tail)
         self._record(st, known)
 
-    def _index(self, fd: int, offset: int, done: _Read) -> list[int]:
+    def _index(self, fd: int, offset: int, done: Read) -> list[int]:
         """Read, hash and parse the lines from ``offset`` on, adding their positions to the index and
         counting the malformed; returns the rank keys of their selectable items, unsorted."""
         out: list[int] = []
         starts, ends = self._starts, self._ends
         with gc_paused():
-            for at, lines in _read_lines(fd, offset, done, digest=self._digest):
+            for at, lines in read_lines(fd, offset, done, digest=self._digest):
                 li = len(starts)
                 for start, raw in zip(at, lines, strict=True):
                     starts.append(start)
                     ends.append(start + len(raw))
-                    obj = _parse(raw)
+                    obj = parse_object(raw)
                     if obj is None:
                         self.malformed += 1
                     else:
@@ -600,8 +459,6 @@ class HarvestedQueue:
     def known_keys(self, wanted: set[str]) -> set[str]:
         """Which of ``wanted`` (dedup keys, normalised titles) some item in the file, open or consumed,
         already has (for generators and reported follow-ups). Streams the file."""
-        from evolve.work.generators import item_keys
-
         found: set[str] = set()
         if not wanted:
             return found
@@ -610,7 +467,7 @@ class HarvestedQueue:
             return found
         try:
             with gc_paused():
-                for entry in _entries(fd, self._size):
+                for entry in objects(fd, self._size):
                     for item in entry_items(entry):
                         found |= item_keys(item) & wanted
         except OSError as exc:
@@ -622,84 +479,69 @@ class HarvestedQueue:
     # -- lifecycle -------------------------------------------------------------------------
 
     def claim(self, item: WorkItem, claimer: str, now: str) -> None:
-        def mutate(edit: _Edit) -> bool:
-            found = edit.find(item, item_selectable)
-            if found is None:
-                raise ClaimLost(item.ref)
-            li, entry, it = found
-            it.update(claim_status="in_progress", claimed_by=claimer, claimed_at=now)
-            edit.mark(li, entry)
-            return True
-
-        self._rewrite(mutate)
+        fields = {"claim_status": "in_progress", "claimed_by": claimer, "claimed_at": now}
+        self._update(item, item_selectable, fields, required=True)
 
     def finalize(self, item: WorkItem, claimer: str, now: str) -> None:
-        def mutate(edit: _Edit) -> bool:
-            found = edit.find(
-                item, lambda e, i: i.get("claim_status") == "in_progress" and i.get("claimed_by") == claimer
-            )
-            if found is None:
-                return False
-            li, entry, it = found
-            it.update(consumed=True, claim_status="consumed", consumed_by=claimer, consumed_at=now)
-            if entry is not it and all(i.get("consumed") is True for i in entry_items(entry)):
-                entry.update(consumed=True, claim_status="consumed", consumed_by=claimer, consumed_at=now)
-            edit.mark(li, entry)
-            return True
+        done = {"consumed": True, "claim_status": "consumed", "consumed_by": claimer, "consumed_at": now}
 
-        self._rewrite(mutate)
+        def whole_entry(entry: dict[str, Any], it: dict[str, Any]) -> None:
+            # The last open item of an entry consumes the entry too.
+            if entry is not it and all(i.get("consumed") is True for i in entry_items(entry)):
+                entry.update(done)
+
+        self._update(item, _claimed_by(claimer), done, then=whole_entry)
 
     def release(self, item: WorkItem, claimer: str | None, now: str, reason: str) -> None:
-        def mutate(edit: _Edit) -> bool:
-            found = edit.find(
-                item,
-                lambda e, i: (
-                    i.get("claim_status") == "in_progress" and (claimer is None or i.get("claimed_by") == claimer)
-                ),
-            )
-            if found is None:
-                return False
-            li, entry, it = found
-            it.update(consumed=False, claim_status="available", claimed_by=None, claimed_at=None, failed_at=now)
-            edit.mark(li, entry)
-            return True
-
-        self._rewrite(mutate)
+        fields = {"consumed": False, "claim_status": "available", "claimed_by": None, "claimed_at": None}
+        self._update(item, _claimed_by(claimer), {**fields, "failed_at": now})
 
     def annotate(self, item: WorkItem, now: str, **fields: Any) -> None:
         """Set scout outcome fields (``disposition``, ``status``, ``split_into``) on an open item."""
+        self._update(item, _open, {**fields, "scouted_at": now})
+
+    def defer(self, item: WorkItem, now: str, reason: str) -> None:
+        """A scout's defer: ``disposition: "defer:<reason>"`` keeps the item out of selection."""
+        self.annotate(item, now, disposition=f"defer:{reason or 'scout'}")
+
+    def split(self, item: WorkItem, now: str, children: Sequence[Mapping[str, Any]]) -> None:
+        """A scout's split (the caller queues the children): the item is marked split, no longer selectable."""
+        titles = [str(c.get("title", "")) for c in children]
+        self.annotate(item, now, status="split", disposition="split", split_into=titles)
+
+    def park(self, item: WorkItem, now: str, note: str) -> bool:
+        """Hold an item out of selection (attempt budget spent, or a scout's park): ``status: "blocked"``."""
+        fields = {"status": "blocked", "claim_status": "available", "claimed_by": None, "claimed_at": None}
+        self._update(item, _open, {**fields, "failed_at": now, "blocked_note": note})
+        return True  # (an item consumed meanwhile needs no parking)
+
+    def _update(
+        self,
+        item: WorkItem,
+        want: Callable[[dict[str, Any], dict[str, Any]], bool],
+        fields: dict[str, Any],
+        *,
+        then: Callable[[dict[str, Any], dict[str, Any]], None] | None = None,
+        required: bool = False,
+    ) -> bool:
+        """The one shape of every lifecycle write: find ``item`` where ``want`` accepts it, set ``fields``
+        on it (``then`` may change its entry too), and rewrite that line. Not found: nothing is written,
+        or ClaimLost when ``required`` (a claim). True when a line was rewritten."""
 
         def mutate(edit: _Edit) -> bool:
-            found = edit.find(item, lambda e, i: i.get("consumed") is not True)
+            found = edit.find(item, want)
             if found is None:
+                if required:
+                    raise ClaimLost(item.ref)
                 return False
             li, entry, it = found
-            it.update(fields, scouted_at=now)
+            it.update(fields)
+            if then is not None:
+                then(entry, it)
             edit.mark(li, entry)
             return True
 
-        self._rewrite(mutate)
-
-    def park(self, item: WorkItem, now: str, note: str) -> None:
-        """Hold an item out of selection (attempt budget spent): ``status: "blocked"``."""
-
-        def mutate(edit: _Edit) -> bool:
-            found = edit.find(item, lambda e, i: i.get("consumed") is not True)
-            if found is None:
-                return False
-            li, entry, it = found
-            it.update(
-                status="blocked",
-                claim_status="available",
-                claimed_by=None,
-                claimed_at=None,
-                failed_at=now,
-                blocked_note=note,
-            )
-            edit.mark(li, entry)
-            return True
-
-        self._rewrite(mutate)
+        return self._rewrite(mutate)
 
     def _rewrite(self, mutate: Callable[[_Edit], bool], attempts: int = 20) -> bool:
         """Apply ``mutate`` and replace the file atomically without losing concurrent appends."""
@@ -719,7 +561,7 @@ class HarvestedQueue:
                     return False
                 try:
                     new = self._write_new(fd, edit, st.st_mode & 0o7777)
-                except _Changed:
+                except Changed:
                     new = None
                 if new is None or not self._still_ours(fd, st):
                     if new is not None:
@@ -756,7 +598,7 @@ class HarvestedQueue:
         """Stream the indexed region of ``fd`` into a synced temp file, the changed lines replaced."""
         tfd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
         try:
-            out = _Out(tfd)
+            out = Out(tfd)
             starts, ends = array("q", self._starts), array("q", self._ends)
             pos = shift = 0
             prev = 0
@@ -793,7 +635,7 @@ class HarvestedQueue:
         try:
             with gc_paused():
                 for li, entry in edit.changed.items():
-                    before = _parse(edit.before[li])
+                    before = parse_object(edit.before[li])
                     if before is not None:
                         self._unindex(li, before)
                     self._insert(list(self._ranked(li, entry)))
@@ -804,9 +646,9 @@ class HarvestedQueue:
                 self._forget()  # replaced or truncated by someone else already
                 return
             self._ino = new.st.st_ino
-            self._racy = _racy(new.st.st_mtime_ns, replaced)
+            self._racy = racy(new.st.st_mtime_ns, replaced)
             if st.st_size == new.size and st.st_mtime_ns == new.st.st_mtime_ns:
-                self._sig = _sig(st)
+                self._sig = stat_sig(st)
             else:
                 self._sig = None  # salvaged or freshly appended lines: the append path parses them
             self._refresh()
@@ -833,15 +675,14 @@ class HarvestedQueue:
         append_bytes(self.path, orjson.dumps(entry, option=orjson.OPT_APPEND_NEWLINE))
 
 
+def _open(entry: dict[str, Any], item: dict[str, Any]) -> bool:
+    return item.get("consumed") is not True
+
+
+def _claimed_by(claimer: str | None) -> Callable[[dict[str, Any], dict[str, Any]], bool]:
+    """Items in progress under ``claimer`` (None: under anyone)."""
+    return lambda e, i: i.get("claim_status") == "in_progress" and (claimer is None or i.get("claimed_by") == claimer)
+
+
 def _no_item(i: int) -> WorkItem:
     raise IndexError(i)
-
-
-def append_bytes(path: Path, data: bytes) -> None:
-    """One ``os.write`` on an ``O_APPEND`` descriptor, then fsync; a symlink at ``path`` is refused."""
-    fd = open_append(path)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, overload
 
@@ -15,6 +15,37 @@ def clean_text(text: object, limit: int = 200) -> str:
     s = _CONTROL.sub(" ", str(text)).strip()
     s = re.sub(r"\s{2,}", " ", s)
     return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+def fast_clean(text: object, limit: int = 200) -> str:
+    """:func:`clean_text`, skipping its regexes when the text is already one short printable line."""
+    s = text if isinstance(text, str) else str(text)
+    # Printable strings hold no control or invisible characters and no whitespace but " ".
+    if len(s) <= limit and s.isprintable() and "  " not in s and s.strip() == s:
+        return s
+    return clean_text(s, limit)
+
+
+_PUNCT = re.compile(r"[^\w\s]")
+
+
+def normalise_title(title: object) -> str:
+    """Lower case, punctuation to spaces, whitespace collapsed: two spellings of one title compare equal."""
+    return " ".join(_PUNCT.sub(" ", str(title).lower()).split())
+
+
+def item_keys(item: Mapping[str, Any]) -> set[str]:
+    """What identifies a queued item for deduplication: its normalised title and its ``dedup_key``."""
+    keys = {"title:" + normalise_title(item.get("title", ""))}
+    key = item.get("dedup_key")
+    if isinstance(key, str) and key:
+        keys.add("dedup:" + key)
+    return keys
+
+
+def keys_of(items: Iterable[Mapping[str, Any]]) -> set[str]:
+    """Every key of these items (what :func:`evolve.work.generators.dedup` compares)."""
+    return set().union(*(item_keys(it) for it in items))
 
 
 def short_ref(ref: str, limit: int = 512) -> str:
@@ -105,7 +136,11 @@ class ClaimLost(Exception):
 
 
 class WorkSource(Protocol):
-    """What the cycle needs from a source; beads, goals and generators implement the same."""
+    """A source's whole lifecycle, so the cycle never asks which source an item came from.
+
+    Implemented by the harvested queue (which generators feed), beads and goals/directives. Every
+    method takes an item this source's :meth:`candidates` returned; ``now`` is an ISO timestamp.
+    """
 
     name: str
 
@@ -113,8 +148,29 @@ class WorkSource(Protocol):
         """Selectable items in the source's own priority order; raises SourceError."""
         ...
 
-    def claim(self, item: WorkItem, claimer: str, now: str) -> None: ...
+    def claim(self, item: WorkItem, claimer: str, now: str) -> None:
+        """Take the item for a cycle; raises ClaimLost when it is no longer selectable."""
+        ...
 
-    def finalize(self, item: WorkItem, claimer: str, now: str) -> None: ...
+    def finalize(self, item: WorkItem, claimer: str, now: str) -> None:
+        """The cycle that claimed it landed: the item is done."""
+        ...
 
-    def release(self, item: WorkItem, claimer: str | None, now: str, reason: str) -> None: ...
+    def release(self, item: WorkItem, claimer: str | None, now: str, reason: str) -> None:
+        """Give a claimed item back (a failed cycle, a crash, a scout); ``claimer`` None: whoever holds it."""
+        ...
+
+    def defer(self, item: WorkItem, now: str, reason: str) -> None:
+        """A scout's defer: not now. Sources that cannot record it do nothing (the item comes back)."""
+        ...
+
+    def park(self, item: WorkItem, now: str, note: str) -> bool:
+        """Hold the item out of selection until an operator looks (attempt budget spent, a scout's park).
+
+        False when the source has no way to do that (the caller says so); True otherwise.
+        """
+        ...
+
+    def split(self, item: WorkItem, now: str, children: Sequence[Mapping[str, Any]]) -> None:
+        """A scout's split: ``children`` are already queued as new work; record that the item was split."""
+        ...

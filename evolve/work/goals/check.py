@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evolve.agent.process import group_alive, kill_group, wait_group_gone
+from evolve.procgroup import group_alive, kill_group, spawn, wait_group_gone
 from evolve.work.goals.model import MeasureError
 
 KILL_GRACE_S = 2.0  # TERM → KILL; checks are short-lived and must not hold the fire up
@@ -70,16 +70,8 @@ def run_check(
     """One check as ``bash -c`` (argv, never a built string) in a new process group; the group dies with it."""
     start = time.monotonic()
     try:
-        proc = subprocess.Popen(
-            ["bash", "-c", check],
-            cwd=cwd,
-            env=dict(env),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            close_fds=True,
-        )
+        # stdout and stderr on pipes of their own: a continuous goal's value is stdout's last line.
+        proc = spawn(["bash", "-c", check], cwd=cwd, env=env)
     except OSError as e:
         raise MeasureError(f"cannot start bash for goal checks in {cwd}: {e}") from e
     cap = Capture()
