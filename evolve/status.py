@@ -390,15 +390,19 @@ def status(
     tail = ledger.tail(max(recent, 20))
     recent_entries = tail.entries[-recent:] if recent > 0 else []
     st = load_readonly(paths.state, ledger)
+    # The typed records, as the JSON objects this view reports.
+    agent_session, claimed_work, fire_rec = (
+        r.to_json() if r is not None else None for r in (st.agent_session, st.claimed_work, st.fire)
+    )
     running = _lock_held(paths)
     ttl_s = cfg.halt.kill_ttl_days * 86400
     markers = _markers(paths, now, ttl_s)
     cycle_state = _read_json(paths.cycle_state)
     cycle_state = cycle_state if isinstance(cycle_state, dict) else None
-    scan = _scan_back(ledger, now, st.agent_session)
+    scan = _scan_back(ledger, now, agent_session)
 
     # What is running right now.
-    fire = st.fire if isinstance(st.fire, dict) else None
+    fire = fire_rec
     current = None
     if running:
         started = parse_iso((fire or {}).get("started_at"))
@@ -423,8 +427,8 @@ def status(
             written = parse_iso(cycle_state.get("written_at"))
             if cycle_state.get("phase") == "agent" and written is not None:
                 current["agent_elapsed_s"] = round(now - written)
-        elif st.claimed_work:
-            current.update(work_ref=st.claimed_work.get("ref"), title=st.claimed_work.get("title"))
+        elif claimed_work:
+            current.update(work_ref=claimed_work.get("ref"), title=claimed_work.get("title"))
 
     # The breaker.
     until = parse_iso(st.breaker_open_until)
@@ -445,8 +449,8 @@ def status(
 
     # The agent session.
     session = None
-    if isinstance(st.agent_session, dict):
-        session = dict(st.agent_session)
+    if isinstance(agent_session, dict):
+        session = dict(agent_session)
         session["last_mode"] = scan["last_agent_mode"]
         session["started_at"] = scan["session_started_at"]
         t0 = parse_iso(scan["session_started_at"])
@@ -495,9 +499,9 @@ def status(
         "running": running,
         "pid": (fire or {}).get("pid") if running else None,
         "current": current,
-        "fire": st.fire,
+        "fire": fire_rec,
         "active_cycle": cycle_state,
-        "claimed_work": st.claimed_work,
+        "claimed_work": claimed_work,
         "last_logged_cycle": ledger.last_cycle(),
         "last_result": st.last_result,
         "context_streak": st.context_streak,

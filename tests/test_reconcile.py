@@ -6,7 +6,9 @@ from typing import Any
 
 import pytest
 
-from evolve.cycle.reconcile import Reconcile, decide
+from evolve.cycle.reconcile import Reconcile
+from evolve.cycle.reconcile import decide as _decide
+from evolve.store.records import ClaimedWork, FireRecord
 
 
 def fire(cycle: Any = 6, **kw: Any) -> dict[str, Any]:
@@ -21,6 +23,11 @@ def claim(cycle: Any = 6, **kw: Any) -> dict[str, Any]:
                          "claimed_at": "2026-01-01T00:00:01Z", "cycle": cycle}
     c.update(kw)
     return c
+
+
+def decide(f: dict[str, Any] | None, c: dict[str, Any] | None, last_cycle: int, last: Any) -> Reconcile:
+    """The records as session-state.json holds them (read the way the store reads them)."""
+    return _decide(FireRecord.from_json(f), ClaimedWork.from_json(c), last_cycle, last)
 
 
 def entry(cycle: int, result: str) -> dict[str, Any]:

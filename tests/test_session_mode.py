@@ -9,7 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from evolve.agent.session import CONTINUATION, FIRST, RETURNING, ModeDecision, after_run, choose_mode, note_event
+from evolve.agent.session import CONTINUATION, FIRST, RETURNING, ModeDecision, choose_mode
+from evolve.agent.session import after_run as _after_run
+from evolve.agent.session import note_event as _note_event
+from evolve.store.records import AgentSession
 
 SID = "11111111-2222-3333-4444-555555555555"
 
@@ -31,7 +34,18 @@ def session(**kw: Any) -> dict[str, Any]:
 
 
 def choose(sess: dict[str, Any] | None, ref: str = "bd-1", events: int = 0, turns: int = 8, **kw: Any) -> ModeDecision:
-    return choose_mode(sess, ref, events_since=events, fresh_start_turns=turns, new_id="new-id", **kw)
+    rec = AgentSession.from_json(sess)
+    return choose_mode(rec, ref, events_since=events, fresh_start_turns=turns, new_id="new-id", **kw)
+
+
+# The record as session-state.json holds it: the functions take and give typed records.
+def after_run(old: dict[str, Any] | None, d: ModeDecision, **kw: Any) -> dict[str, Any]:
+    return _after_run(AgentSession.from_json(old), d, **kw).to_json()
+
+
+def note_event(s: dict[str, Any] | None, n: int = 1) -> dict[str, Any] | None:
+    out = _note_event(AgentSession.from_json(s), n)
+    return None if out is None else out.to_json()
 
 
 # -- First ---------------------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from evolve import __version__, gitops
 from evolve.agent.invocation import Invocation
 from evolve.agent.report import AgentReport, Usage, parse_report
 from evolve.config import AgentConfig
+from evolve.results import SUCCESS
 from evolve.store.atomic import write_json, write_new
 from evolve.timeutil import utc_iso
 from evolve.work.item import clean_text
@@ -76,7 +77,6 @@ _OVERFLOW = re.compile(
     r"|exceeds? the (?:available )?context",
     re.IGNORECASE,
 )
-COMMITTED = ("improved", "harvested", "unchanged")
 
 
 # -- trimming (pure) ----------------------------------------------------------------------------
@@ -373,7 +373,7 @@ class HttpRunner:
             extra["context_window"] = self.context_window
         report = replace(report, **extra)
         diff = last_block(_DIFF_BLOCK, content)
-        if diff is not None and report.result in COMMITTED:
+        if diff is not None and report.result in SUCCESS:
             error = self._apply(inv, diff)
             if error:
                 stored.last_apply_error = f"your diff was not applied ({error}); the working tree is unchanged."

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+
+from evolve.store.records import AgentSession
 
 FIRST = "first"
 CONTINUATION = "continuation"
@@ -22,7 +23,7 @@ class ModeDecision:
 
 
 def choose_mode(
-    session: dict[str, Any] | None,
+    session: AgentSession | None,
     work_ref: str,
     *,
     events_since: int,
@@ -36,15 +37,15 @@ def choose_mode(
     ``fresh_start_turns == 0`` disables the turn-gap rule (an explicit state, not "default").
     """
     fresh = new_id or str(uuid.uuid4())
-    if not session or not isinstance(session.get("id"), str) or not session.get("id"):
+    if session is None or not session.id:
         return ModeDecision(FIRST, fresh, False, False, False, "no prior session")
-    if session.get("ended_heavy"):
+    if session.ended_heavy:
         return ModeDecision(FIRST, fresh, False, False, False, "prior session ended in a context-handoff")
     if handoff_requested:
         return ModeDecision(FIRST, fresh, False, False, False, "handoff continue requested")
-    need_stale = session.get("need_ref") != work_ref
+    need_stale = session.need_ref != work_ref
     turn_gap = fresh_start_turns > 0 and events_since >= fresh_start_turns
-    sid = session["id"]
+    sid = session.id
     if events_since == 0 and not need_stale:
         return ModeDecision(CONTINUATION, sid, True, False, False, "same session, same work, no events between")
     if need_stale or turn_gap:
@@ -58,7 +59,7 @@ def choose_mode(
 
 
 def after_run(
-    session: dict[str, Any] | None,
+    session: AgentSession | None,
     decision: ModeDecision,
     *,
     runner: str,
@@ -67,34 +68,29 @@ def after_run(
     reported_id: str | None,
     summary: str,
     head: str | None = None,
-) -> dict[str, Any]:
+) -> AgentSession:
     """The ``agent_session`` record after a cycle that ran the agent."""
     sid = reported_id or decision.session_id
-    if decision.mode == FIRST or not session:
-        return {
-            "id": sid,
-            "runner": runner,
-            "started_cycle": cycle,
-            "last_cycle": cycle,
-            "need_ref": work_ref,
-            "need_set_at": cycle,
-            "events_since": 0,
-            "ended_heavy": False,
-            "summary": summary[:2000],
-            "last_head": head,
-        }
-    out = dict(session)
-    out.update(
-        id=sid, last_cycle=cycle, events_since=0, summary=summary[:2000] or session.get("summary", ""), last_head=head
+    if decision.mode == FIRST or session is None:
+        return AgentSession(
+            id=sid,
+            runner=runner,
+            started_cycle=cycle,
+            last_cycle=cycle,
+            need_ref=work_ref,
+            need_set_at=cycle,
+            events_since=0,
+            ended_heavy=False,
+            summary=summary[:2000],
+            last_head=head,
+        )
+    return replace(
+        session, id=sid, last_cycle=cycle, events_since=0, summary=summary[:2000] or session.summary, last_head=head
     )
-    return out
 
 
-def note_event(session: dict[str, Any] | None, n: int = 1) -> dict[str, Any] | None:
+def note_event(session: AgentSession | None, n: int = 1) -> AgentSession | None:
     """An intervening event (a cycle that ran no agent on this session) widens the gap."""
-    if not session:
+    if session is None:
         return session
-    out = dict(session)
-    events = out.get("events_since")
-    out["events_since"] = (events if isinstance(events, int) else 0) + n
-    return out
+    return replace(session, events_since=session.events_since + n)

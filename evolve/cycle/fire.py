@@ -27,17 +27,19 @@ from evolve.agent.invocation import Invocation
 from evolve.agent.report import AgentReport
 from evolve.agent.runners import Runner, make_runner
 from evolve.config import Config
-from evolve.cycle import budget, halt
+from evolve.cycle import budget, halt, transition
 from evolve.cycle import reconcile as recon
 from evolve.cycle.entry import agent_fields, base_entry
 from evolve.cycle.gate import Gate
 from evolve.cycle.handoff import handoff_text, milestone
 from evolve.cycle.select import Selector
+from evolve.cycle.transition import ClaimAction
 from evolve.harness import handoff as handoffs
 from evolve.harness import hooks as harness_hooks
-from evolve.harness import loop as harness
+from evolve.harness import plan as plans
 from evolve.paths import Paths
-from evolve.procgroup import Limits, group_alive, kill_group, run_group, tagged_groups
+from evolve.procgroup import FIRE_TAG, Limits, group_alive, kill_group, run_group, tagged_groups
+from evolve.results import CycleResult
 from evolve.secrets import redact, secret_values
 from evolve.store import session_state
 from evolve.store.atomic import atomic_write_bytes, sweep_temps, write_json
@@ -45,12 +47,12 @@ from evolve.store.jsonl import append_bytes
 from evolve.store.ledger import Ledger
 from evolve.store.lock import FireLock
 from evolve.store.markers import read_marker, remove_marker
+from evolve.store.records import ClaimedWork, FireRecord
 from evolve.timeutil import parse_iso, utc_iso
 from evolve.work import dormancy, generators, ladder
-from evolve.work.item import ClaimLost, SourceError, WorkItem, WorkSource
+from evolve.work.item import ClaimLost, SourceError, WorkItem, WorkSource, keys_of
 
 MAX_SCOUTS_PER_CYCLE = 3
-FIRE_TAG = "EVOLVE_FIRE_ID"  # in every child's environment (see reconcile)
 TEMP_AGE_S = 60.0  # an atomic replacement takes milliseconds; a temp file this old lost its writer
 
 
@@ -119,7 +121,7 @@ class Fire:
         self.gate = Gate(paths, cfg, self.log, self.env)
         self.state = session_state.SessionState()
         self.started = clock()
-        self._harness: harness.CyclePlan | None = None  # this cycle's pending hand-off, if any
+        self._plan: plans.AgentPlan | None = None  # this cycle's agent plan (session, hand-off, prompt)
 
     # -- entry point -----------------------------------------------------------------------
 
@@ -183,14 +185,10 @@ class Fire:
             self._emit("fire.end", reason=outcome.reason, cycles=0, exit_code=0, cost_usd=0.0)
             return outcome
 
-        self.state.fire = {
-            "pid": os.getpid(),
-            "pgid": os.getpgid(0),
-            "agent_pgid": None,
-            "started_at": utc_iso(now),
-            "cycle": None,
-            "fire_id": self.fire_id,
-        }
+        self.state.fire = FireRecord(
+            pid=os.getpid(), pgid=os.getpgid(0), agent_pgid=None, started_at=utc_iso(now), cycle=None,
+            fire_id=self.fire_id,
+        )
         self._save()
         outcome = FireOutcome()
         try:
@@ -240,43 +238,43 @@ class Fire:
         if d.kill_pgid and group_alive(d.kill_pgid):
             self.log.warning("reconcile.kill_orphan", pgid=d.kill_pgid, found_by="recorded pgid")
             kill_group(d.kill_pgid, grace_s=2.0)
-        dead_id = (self.state.fire or {}).get("fire_id")
-        if d.dead_fire and isinstance(dead_id, str) and dead_id and dead_id != self.fire_id:
+        dead_id = self.state.fire.fire_id if self.state.fire is not None else ""
+        if d.dead_fire and dead_id and dead_id != self.fire_id:
             for pgid in sorted(tagged_groups(FIRE_TAG, dead_id)):
                 if group_alive(pgid):
                     self.log.warning("reconcile.kill_orphan", pgid=pgid, found_by=FIRE_TAG)
                     kill_group(pgid, grace_s=2.0)
         claimed = self.state.claimed_work
         if d.crashed_cycle is not None:
-            fire = self.state.fire or {}
+            fire = self.state.fire or FireRecord()
             entry = base_entry(
                 cycle=d.crashed_cycle,
-                result="crashed",
+                result=CycleResult.CRASHED,
                 timestamp=utc_iso(self.clock()),
-                target=(claimed or {}).get("ref") or "idle",
-                source=(claimed or {}).get("source") or "idle",
-                work_ref=(claimed or {}).get("ref"),
+                target=(claimed.ref if claimed else "") or "idle",
+                source=(claimed.source if claimed else "") or "idle",
+                work_ref=claimed.ref or None if claimed else None,
                 mode="crashed",
-                session_id=(self.state.agent_session or {}).get("id"),
-                fire_id=str(fire.get("fire_id", "")),
+                session_id=self._session_id(),
+                fire_id=fire.fire_id,
             )
-            entry.update(error_class="crashed", crashed_fire_pid=fire.get("pid"))
+            entry.update(error_class="crashed", crashed_fire_pid=fire.pid)
             self.ledger.append(entry)
             self.state.last_logged_cycle = d.crashed_cycle
-            self.state.last_result = "crashed"
-            self.log.warning("reconcile.crashed", cycle=d.crashed_cycle, dead_pid=fire.get("pid"))
-        if claimed and d.claim:
-            item = self._claimed_item(claimed)
-            src = self._source(claimed.get("source"))
-            if src is not None and item is not None:
+            self.state.last_result = str(CycleResult.CRASHED)
+            self.log.warning("reconcile.crashed", cycle=d.crashed_cycle, dead_pid=fire.pid)
+        if claimed is not None and d.claim:
+            src = self._source(claimed.source)
+            if src is not None and claimed.ref:
+                item = WorkItem(source=claimed.source, ref=claimed.ref, title=claimed.title)
                 try:
-                    if d.claim == "finalize":
-                        src.finalize(item, str(claimed.get("claimed_by")), utc_iso(self.clock()))
+                    if d.claim is ClaimAction.FINALIZE:
+                        src.finalize(item, claimed.claimed_by, utc_iso(self.clock()))
                     else:
-                        src.release(item, claimed.get("claimed_by"), utc_iso(self.clock()), "crashed")
+                        src.release(item, claimed.claimed_by or None, utc_iso(self.clock()), CycleResult.CRASHED)
                 except (SourceError, OSError) as exc:
                     self.log.warning("reconcile.claim_error", error=str(exc))
-            self.log.info("reconcile.claim", action=d.claim, ref=claimed.get("ref"))
+            self.log.info("reconcile.claim", action=d.claim, ref=claimed.ref)
             self.state.claimed_work = None
         self.state.fire = None
         self._save()
@@ -289,14 +287,12 @@ class Fire:
         if removed:
             self.log.warning("store.temps_removed", count=len(removed), names=removed[:20])
 
-    def _claimed_item(self, claimed: dict[str, Any]) -> WorkItem | None:
-        ref = claimed.get("ref")
-        if not isinstance(ref, str):
-            return None
-        return WorkItem(source=str(claimed.get("source", "")), ref=ref, title=str(claimed.get("title", "")))
+    def _session_id(self) -> str | None:
+        session = self.state.agent_session
+        return session.id or None if session is not None else None
 
-    def _source(self, name: object) -> WorkSource | None:
-        return self.selector.source_for(name if isinstance(name, str) else None)
+    def _source(self, name: str | None) -> WorkSource | None:
+        return self.selector.source_for(name)
 
     # -- step 1 ----------------------------------------------------------------------------
 
@@ -390,16 +386,11 @@ class Fire:
         """
         st = self.state
         now = utc_iso(self.clock())
-        st.claimed_work = {
-            "ref": item.ref,
-            "source": item.source,
-            "claimed_by": claimer,
-            "claimed_at": now,
-            "cycle": cycle,
-            "title": item.title,
-        }
+        st.claimed_work = ClaimedWork(
+            ref=item.ref, source=item.source, claimed_by=claimer, claimed_at=now, cycle=cycle, title=item.title
+        )
         assert st.fire is not None
-        st.fire["cycle"] = cycle
+        st.fire = replace(st.fire, cycle=cycle)
         self._save()
         src = self._source(item.source)
         assert src is not None
@@ -408,7 +399,7 @@ class Fire:
         except ClaimLost:
             self.log.info("claim.lost", ref=item.ref)
             st.claimed_work = None
-            st.fire["cycle"] = None
+            st.fire = replace(st.fire, cycle=None)
             self._save()
             return False
         return True
@@ -451,16 +442,18 @@ class Fire:
                 outcome.reason = stop
                 return
 
-    def _side_entry(self, cycle: int, result: str, item: WorkItem, source: str, mode: str) -> dict[str, Any]:
+    def _side_entry(
+        self, cycle: int, result: str, item: WorkItem, source: str, mode: str, timestamp: str | None = None
+    ) -> dict[str, Any]:
         return base_entry(
             cycle=cycle,
             result=result,
-            timestamp=utc_iso(self.clock()),
+            timestamp=timestamp or utc_iso(self.clock()),
             target=item.title,
             source=source,
             work_ref=item.ref,
             mode=mode,
-            session_id=(self.state.agent_session or {}).get("id"),
+            session_id=self._session_id(),
             fire_id=self.fire_id,
         )
 
@@ -498,7 +491,7 @@ class Fire:
             source="idle",
             work_ref=None,
             mode="idle",
-            session_id=(self.state.agent_session or {}).get("id"),
+            session_id=self._session_id(),
             fire_id=self.fire_id,
         )
         if errors:
@@ -599,7 +592,8 @@ class Fire:
         dirty_before = gitops.dirty_paths(repo)
         self._write_cycle_state(cycle, item, "agent", start_sha)
         self.log.info("cycle.start", cycle=cycle, ref=item.ref, title=item.title, source=item.source)
-        decision, inv = self._plan_agent(cycle, item, restorative)
+        plan, inv = self._plan_agent(cycle, item, restorative)
+        decision = plan.decision
         self.log.info(
             "agent.mode",
             mode=decision.mode,
@@ -611,7 +605,7 @@ class Fire:
 
         def on_start(pgid: int) -> None:
             assert st.fire is not None
-            st.fire["agent_pgid"] = pgid
+            st.fire = replace(st.fire, agent_pgid=pgid)
             self._save()
             self.log.info("agent.started", cycle=cycle, pgid=pgid, runner=self.cfg.agent.runner)
             crashpoint.reached("agent.running")
@@ -642,7 +636,7 @@ class Fire:
                 # The failed run already created the conversation: carry on in it ("resume" mode).
                 inv = replace(inv, mode="resume", resume=True, session_id=report.session_id)
         assert st.fire is not None
-        st.fire["agent_pgid"] = None
+        st.fire = replace(st.fire, agent_pgid=None)
         if report.error_class == "interrupted":
             self.gate.undo(start_sha, dirty_before)
             return decision, report, "interrupted", {}
@@ -701,7 +695,7 @@ class Fire:
         for it in items:
             if isinstance(it.get("title"), str) and it["title"].strip():
                 clean.append({"description": "", "type": "task", "severity": "medium", "source": "evolve-cycle", **it})
-        fresh = generators.dedup(clean, self.selector.harvested.known_keys(generators.keys_of(clean)))
+        fresh = generators.dedup(clean, self.selector.harvested.known_keys(keys_of(clean)))
         if fresh:
             entry = generators.generator_entry(fresh, utc_iso(self.clock()))
             entry["source_epic"] = epic
@@ -711,55 +705,41 @@ class Fire:
 
     def _plan_agent(
         self, cycle: int, item: WorkItem, restorative: bool, new_id: str | None = None
-    ) -> tuple[sessions.ModeDecision, Invocation]:
-        """Resume or start fresh, and the exact invocation that follows (shared with --dry-run)."""
+    ) -> tuple[plans.AgentPlan, Invocation]:
+        """Read what the plan needs, plan the run (pure), and the exact invocation (shared with --dry-run)."""
         session = self.state.agent_session
-        events = (session or {}).get("events_since", 0)
-        events = events if isinstance(events, int) else 0
-        foreign = gitops.foreign_commits(self.paths.repo, (session or {}).get("last_head"))
-        request = handoffs.pending(self.paths)  # an operator's `evolve handoff` (SPEC §7)
-        fork_from = None
-        if request is not None and request.mode == handoffs.FORK:
-            decision, fork_from = harness.fork_decision(session, self.cfg.agent.runner, new_id)
-        else:
-            decision = sessions.choose_mode(
-                session,
-                item.ref,
-                events_since=events + foreign,
+        request = handoffs.pending(self.paths)  # an operator's `evolve handoff` (docs/DESIGN.md §7)
+        plan = plans.plan_cycle(
+            plans.PlanInput(
+                cycle=cycle,
+                work=item,
+                session=session,
+                runner=self.cfg.agent.runner,
+                foreign_commits=gitops.foreign_commits(self.paths.repo, session.last_head if session else None),
                 fresh_start_turns=self.cfg.context.returning_fresh_start_turns,
-                handoff_requested=request is not None,
+                now=self.clock(),
+                request=request,
+                request_text=request.text() if request is not None else "",
+                restorative=restorative,
+                facts=(*prompt.read_learnings(self.paths.repo), *self.state.percepts),
+                post_compact=self.state.post_compact,
                 new_id=new_id,
             )
-        self._harness = harness.CyclePlan(cycle, request, session, fork_from)
-        digest = ""
-        if session and (events or foreign):
-            digest = f"{events} cycle(s) ran without this session; {foreign} commit(s) landed from outside the loop"
-        digest = harness.with_handback(digest, session)
-        orientation = prompt.build(
-            cycle=cycle,
-            mode=decision.mode,
-            work=item,
-            prior_summary=harness.prior_summary(request, session, decision.mode),
-            restorative=restorative,
-            facts=[*prompt.read_learnings(self.paths.repo), *self.state.percepts],
-            events=digest if decision.mode != sessions.FIRST else "",
-            now=self.clock(),
         )
-        orientation = harness.shape(
-            orientation, request=request, decision=decision, post_compact=self.state.post_compact
-        )
+        self._plan = plan
+        d = plan.decision
         inv = Invocation(
             repo=self.paths.repo,
             run_dir=self.paths.runs_dir,
             cycle=cycle,
-            mode=decision.mode,
-            session_id=decision.session_id,
-            resume=decision.resume,
+            mode=d.mode,
+            session_id=d.session_id,
+            resume=d.resume,
             work=item,
-            orientation=orientation,
-            fork_from=fork_from,
+            orientation=plan.orientation,
+            fork_from=plan.fork_from,
         )
-        return decision, inv
+        return plan, inv
 
     def _runner(self) -> Runner:
         return make_runner(self.cfg, self.env, self.paths)
@@ -777,146 +757,136 @@ class Fire:
         *,
         claim_done: bool = False,
     ) -> str | None:
-        st = self.state
+        """Record the cycle, then apply :func:`transition.after_cycle`: claim, follow-ups, state, stop."""
         src = self._source(item.source)
         now = self.clock()
         reading = self._reading(report)
-        mode = ladder.work_mode(item)
-        entry = base_entry(
+        facts = transition.CycleFacts(
             cycle=cycle,
-            result=result,
-            timestamp=utc_iso(now),
+            result=CycleResult(result),
+            work_ref=item.ref,
+            source=item.source,
+            mode=ladder.work_mode(item),
+            now=now,
+            heavy=reading.heavy,
+            context_signal=reading.signal,
+            error_class=report.error_class,
+            percepts=tuple(report.percepts),
+            has_new_work=bool(report.new_work),
+            directive_era=str(item.data["era"]) if item.source == "directive" and item.data.get("era") else None,
+            claim_settled=claim_done or src is None,
+        )
+        self._record(facts, item, decision, report, reading, extra, outcome)
+        t = transition.after_cycle(self.state, facts, self._policy())
+        self._apply_claim(t, facts, item, src, claimer, report)
+        self.state = t.state
+        self._after_agent(cycle, item, report, result, now)
+        for effect in t.effects:
+            getattr(self.log, effect.level)(effect.event, **effect.fields)
+            if effect.notify:
+                self._emit(effect.event, **effect.fields)
+        self._save()
+        self.paths.cycle_state.unlink(missing_ok=True)
+        if t.exit_code != exitcodes.OK:
+            outcome.exit_code = t.exit_code
+        if t.handoff:
+            self._handoff(cycle + 1, item, outcome)
+        return str(t.stop) if t.stop else None
+
+    def _record(
+        self,
+        facts: transition.CycleFacts,
+        item: WorkItem,
+        decision: sessions.ModeDecision,
+        report: AgentReport,
+        reading: budget.ContextReading,
+        extra: dict[str, Any],
+        outcome: FireOutcome,
+    ) -> None:
+        """The cycle's ledger entry, first: everything after it can be reconciled from it."""
+        entry = base_entry(
+            cycle=facts.cycle,
+            result=facts.result,
+            timestamp=utc_iso(facts.now),
             target=item.title,
             source=item.source,
             work_ref=item.ref,
-            mode=mode,
+            mode=facts.mode,
             session_id=report.session_id or decision.session_id,
             fire_id=self.fire_id,
         )
         entry["agent_mode"] = decision.mode
         entry.update(agent_fields(report, reading))
         entry.update(extra)
-        entry.update(harness.entry_fields(self._harness, decision, report))
+        entry.update(plans.entry_fields(self._plan, report))
         self.ledger.append(entry)
         outcome.entries.append(entry)
         self.log.info(
             "cycle.end",
-            cycle=cycle,
-            result=result,
+            cycle=facts.cycle,
+            result=facts.result,
             context_heavy=reading.heavy,
             context_signal=reading.signal or None,
             cost_usd=report.cost_usd,
         )
         self._emit("cycle.end", entry=entry)
-        if result == "regressed":
-            self._emit("regression", cycle=cycle, work_ref=item.ref, detail=extra.get("gate_detail"))
+        if facts.result is CycleResult.REGRESSED:
+            self._emit("regression", cycle=facts.cycle, work_ref=item.ref, detail=extra.get("gate_detail"))
 
-        # The claim: consumed only after the gate said yes; otherwise back to the queue.
-        stamp = utc_iso(now)
+    def _apply_claim(
+        self,
+        t: transition.Transition,
+        facts: transition.CycleFacts,
+        item: WorkItem,
+        src: WorkSource | None,
+        claimer: str,
+        report: AgentReport,
+    ) -> None:
+        """The claim: consumed only after the gate said yes; otherwise back to the source."""
+        stamp, cycle = utc_iso(facts.now), facts.cycle
         try:
-            if claim_done or src is None:
-                pass
-            elif result in ("improved", "harvested", "unchanged") and not reading.heavy:
+            if src is not None and t.claim is transition.ClaimAction.FINALIZE:
                 src.finalize(item, claimer, stamp)
-                st.parked_work = [r for r in st.parked_work if r != item.ref]
-                st.attempts.pop(item.ref, None)
-            else:
-                src.release(item, claimer, stamp, result)
-                self._count_attempt(item, src, result, report, reading.heavy, stamp)
-            if report.new_work and result in ("improved", "harvested", "unchanged"):
+            elif src is not None and t.claim is transition.ClaimAction.RELEASE:
+                src.release(item, claimer, stamp, facts.result)
+                if t.park is not None:
+                    self._park(src, item, stamp, t.park)
+            if t.queue_new_work:
                 self._queue_new_work(cycle, list(report.new_work), epic=f"evolve-cycle-{cycle}")
         except (SourceError, OSError) as exc:
             self.log.error("claim.error", error=str(exc))
-        st.claimed_work = None
-        if item.source == "directive" and result == "improved" and item.data.get("era"):
-            st.landed_directives = [*st.landed_directives, f"{item.data['era']}|{item.ref}"][-200:]
 
-        st.agent_session = sessions.after_run(
-            st.agent_session,
-            decision,
-            runner=self.cfg.agent.runner,
-            cycle=cycle,
-            work_ref=item.ref,
-            reported_id=report.session_id,
-            summary=report.summary,
-            head=gitops.head(self.paths.repo),
+    def _park(self, src: WorkSource, item: WorkItem, stamp: str, park: transition.Park) -> None:
+        if src.park(item, stamp, park.note):
+            self.log.warning("item.parked", ref=item.ref, attempts=park.attempts)
+        else:
+            self.log.warning("item.attempts_spent", ref=item.ref, attempts=park.attempts, note="source cannot park")
+
+    def _after_agent(self, cycle: int, item: WorkItem, report: AgentReport, result: str, now: float) -> None:
+        """The agent session after the run, any hand-off request it used, and a compaction's block."""
+        plan = self._plan
+        assert plan is not None
+        compact = None
+        if report.compacted:  # compactions happen in the agent phase: re-inject that phase's state
+            got = harness_hooks.reinject_text(self.paths.repo, self.paths.cycle_state, now, at_phase="agent")
+            compact = got[0] if got is not None else None
+        after = plans.session_after(
+            plan, report, result=result, runner=self.cfg.agent.runner, work_ref=item.ref,
+            head=gitops.head(self.paths.repo), compact_text=compact,
         )
-        st.agent_session = harness.after_cycle(
-            self.paths, self._harness, updated=st.agent_session, decision=decision, report=report, result=result,
-            cycle=cycle, now=now,
+        if after.consume_request and plan.request is not None:
+            handoffs.consume(self.paths, plan.request, now)
+            self.log.info("handoff.consumed", cycle=cycle, **plans.entry_fields(plan, report))
+        self.state.agent_session, self.state.post_compact = after.session, after.post_compact
+
+    def _policy(self) -> transition.Policy:
+        c = self.cfg
+        return transition.Policy(
+            max_attempts=c.work.max_attempts,
+            breaker_failures=c.breaker.max_consecutive_failures,
+            breaker_cooldown_s=c.breaker.cooldown_minutes * 60,
+            streak_limit=c.context.streak_limit,
         )
-        st.post_compact = harness.post_compact(self.paths, report, decision, cycle, now)
-        if harness.used(self._harness, result, report):
-            self.log.info("handoff.consumed", cycle=cycle, **harness.entry_fields(self._harness, decision, report))
-        if report.percepts:
-            st.percepts = [*st.percepts, *report.percepts][-20:]
-        st.last_logged_cycle = cycle
-        if result in ladder.PRODUCTIVE:
-            st.mode_repeat_streak = st.mode_repeat_streak + 1 if st.last_mode == mode else 1
-        st.last_result, st.last_mode, st.last_selected_source = result, mode, item.source
-        prev_streak = st.context_streak
-        st.context_streak = budget.next_streak(prev_streak, heavy=reading.heavy, result=result)
-        if reading.heavy and item.ref not in st.parked_work:
-            st.parked_work = [*st.parked_work, item.ref]
-        if st.context_streak != prev_streak:
-            self.log.info(
-                "context.streak", streak=st.context_streak, limit=self._streak_limit(), signal=reading.signal or None
-            )
-
-        stop: str | None = None
-        if result == "failed" and report.error_class != "limit":
-            st.consecutive_failures += 1
-            if st.consecutive_failures >= self.cfg.breaker.max_consecutive_failures:
-                until = now + self.cfg.breaker.cooldown_minutes * 60
-                st.breaker_open_until = utc_iso(until)
-                self.log.warning("breaker.open", failures=st.consecutive_failures, until=st.breaker_open_until)
-                self._emit("breaker.open", failures=st.consecutive_failures, until=st.breaker_open_until)
-                stop = "breaker_open"
-        elif result not in ("failed", "interrupted"):
-            if st.consecutive_failures or st.breaker_open_until:
-                self.log.info("breaker.closed")
-            st.consecutive_failures = 0
-            st.breaker_open_until = None
-        self._save()
-        self.paths.cycle_state.unlink(missing_ok=True)
-
-        if result == "interrupted":
-            outcome.exit_code = exitcodes.SIGTERM
-            return "interrupted"
-        if report.error_class == "limit":
-            outcome.exit_code = exitcodes.TEMPFAIL
-            return "rate_limited"
-        if report.error_class == "fatal":
-            outcome.exit_code = exitcodes.ERROR
-            return "agent_fatal"
-        if budget.handoff_due(st.context_streak, self._streak_limit()):
-            self._handoff(cycle + 1, item, outcome)
-            return "context-handoff"
-        return stop
-
-    def _count_attempt(
-        self, item: WorkItem, src: WorkSource, result: str, report: AgentReport, heavy: bool, stamp: str
-    ) -> None:
-        """Per-item attempt budget (SPEC §8): park an item that keeps failing and move on.
-
-        Rate limits, interruptions and context hand-offs are not attempts: the item did nothing wrong.
-        """
-        if result not in ("failed", "regressed") or heavy or report.error_class in ("limit", "interrupted"):
-            return
-        st = self.state
-        n = st.attempts.get(item.ref, 0) + 1
-        if n < self.cfg.work.max_attempts:
-            st.attempts = {**st.attempts, item.ref: n}
-            return
-        st.attempts = {k: v for k, v in st.attempts.items() if k != item.ref}
-        note = f"evolve: parked after {n} failed attempts (last: {result} {report.error_class or ''})".strip()
-        if not src.park(item, stamp, note):
-            self.log.warning("item.attempts_spent", ref=item.ref, attempts=n, note="source cannot park")
-            return
-        self.log.warning("item.parked", ref=item.ref, attempts=n)
-
-    def _streak_limit(self) -> int:
-        return self.cfg.context.streak_limit
 
     def _handoff(self, cycle: int, item: WorkItem, outcome: FireOutcome) -> None:
         """Write HANDOFF and the ``context-handoff`` entry; the fire then ends with exit 0."""
@@ -925,27 +895,13 @@ class Fire:
         streak = st.context_streak
         parked = list(st.parked_work)
         atomic_write_bytes(self.paths.handoff, handoff_text(now, streak, parked).encode())
-        entry = base_entry(
-            cycle=cycle,
-            result="context-handoff",
-            timestamp=now,
-            target=item.title,
-            source=item.source,
-            work_ref=item.ref,
-            mode="context-handoff",
-            session_id=(st.agent_session or {}).get("id"),
-            fire_id=self.fire_id,
-        )
+        entry = self._side_entry(cycle, CycleResult.CONTEXT_HANDOFF, item, item.source, "context-handoff", now)
         entry["milestone"] = milestone(streak, parked)
         entry["parked_work"] = parked
         entry["context_streak"] = streak
         self.ledger.append(entry)
         outcome.entries.append(entry)
-        st.last_logged_cycle = cycle
-        st.last_result = "context-handoff"
-        st.context_streak = 0
-        if st.agent_session:
-            st.agent_session = {**st.agent_session, "ended_heavy": True}
+        self.state = transition.after_handoff(st, cycle)
         self._save()
         self.log.info("handoff.written", cycle=cycle, streak=streak, parked=parked, path=str(self.paths.handoff))
         self._emit("handoff.written", cycle=cycle, streak=streak, parked=parked)
@@ -984,7 +940,8 @@ class Fire:
                 plan["selection"] = None
             else:
                 item = sel.item
-                decision, inv = self._plan_agent(cycle, item, d.restorative, new_id="<new-session-uuid>")
+                agent_plan, inv = self._plan_agent(cycle, item, d.restorative, new_id="<new-session-uuid>")
+                decision = agent_plan.decision
                 argv, env_changes = self._runner().plan(inv)
                 plan["selection"] = {**item.as_json(), "ref": item.ref, "rung": sel.rung}
                 plan["agent"] = {

@@ -17,28 +17,28 @@ from evolve.agent.report import AgentReport
 from evolve.config import Config
 from evolve.paths import Paths
 from evolve.procgroup import Limits, run_group
+from evolve.results import SUCCESS, CycleResult
 from evolve.work.item import WorkItem, clean_text
 
 _STRUCTURAL_RED = re.compile(r"Pass [0-9]+: (FAILED|BLOCKED)")
-COMMITTED_RESULTS = frozenset({"improved", "harvested", "unchanged"})
 
 
 @dataclass(frozen=True)
 class Verdict:
-    result: str
+    result: CycleResult
     fields: dict[str, Any] = field(default_factory=dict)
     revert: bool = False
 
 
 def judge(claimed: str, *, substantive: bool, red: str | None) -> Verdict:
     """The cycle's result from the agent's claim and what the gate saw (pure)."""
-    if claimed not in COMMITTED_RESULTS:
-        return Verdict(claimed, revert=True)  # failed runs leave nothing; scouts only touch metadata
+    if claimed not in SUCCESS:
+        return Verdict(CycleResult(claimed), revert=True)  # failed runs leave nothing; scouts only touch metadata
     if red:
-        return Verdict("regressed", {"gate": "FAIL", "gate_detail": red}, revert=True)
-    if claimed == "improved" and not substantive:
-        return Verdict("unchanged", {"downgraded_from": "improved"})
-    return Verdict(claimed)
+        return Verdict(CycleResult.REGRESSED, {"gate": "FAIL", "gate_detail": red}, revert=True)
+    if claimed == CycleResult.IMPROVED and not substantive:
+        return Verdict(CycleResult.UNCHANGED, {"downgraded_from": "improved"})
+    return Verdict(CycleResult(claimed))
 
 
 def goal_regressions(pre: dict[str, Any] | None, post: dict[str, Any] | None) -> list[str]:
@@ -93,7 +93,7 @@ class Gate:
         repo = self.paths.repo
         extra: dict[str, Any] = {"cycle_start_sha": start_sha}
         touched = (gitops.dirty_paths(repo) - dirty_before) | gitops.changed_since(repo, start_sha)
-        red = self.run_commands() if report.result in COMMITTED_RESULTS else None
+        red = self.run_commands() if report.result in SUCCESS else None
         verdict = judge(report.result, substantive=bool(gitops.substantive(touched)), red=red)
         if verdict.revert:
             if red:
@@ -112,7 +112,7 @@ class Gate:
             self.undo(start_sha, dirty_before)
             # The tree is back at the cycle's start, so the pre-cycle measurement is what stands now:
             # logging it keeps Step 1's goal-regression rule from halting on a reverted drop.
-            return "regressed", {
+            return CycleResult.REGRESSED, {
                 **extra,
                 "gate": "FAIL",
                 "gate_detail": detail,

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-SUCCESS = frozenset({"improved", "harvested", "unchanged"})
+from evolve.cycle.transition import ClaimAction, claim_action
+from evolve.store.records import ClaimedWork, FireRecord
 
 
 @dataclass(frozen=True)
@@ -13,36 +14,31 @@ class Reconcile:
     dead_fire: bool = False
     crashed_cycle: int | None = None  # append a ``crashed`` entry for this cycle
     kill_pgid: int | None = None  # agent group to kill if still alive
-    claim: str | None = None  # "finalize" | "release" | None
+    claim: ClaimAction | None = None  # FINALIZE or RELEASE the dead fire's claim; None: no claim
 
 
 def decide(
-    fire: dict[str, Any] | None,
-    claimed: dict[str, Any] | None,
+    fire: FireRecord | None,
+    claimed: ClaimedWork | None,
     last_cycle: int,
     last_entry: dict[str, Any] | None,
 ) -> Reconcile:
     """``fire`` is ``session-state.fire``; we hold the lock, so whoever recorded it is gone."""
     crashed = None
     pgid = None
-    if fire:
-        c = fire.get("cycle")
-        if isinstance(c, int) and not isinstance(c, bool) and c > last_cycle:
-            crashed = c
-        p = fire.get("agent_pgid")
-        if isinstance(p, int) and not isinstance(p, bool) and p > 1:
-            pgid = p
+    if fire is not None:
+        if fire.cycle is not None and fire.cycle > last_cycle:
+            crashed = fire.cycle
+        if fire.agent_pgid is not None and fire.agent_pgid > 1:
+            pgid = fire.agent_pgid
     claim = None
-    if claimed:
-        cc = claimed.get("cycle")
-        logged_ok = (
-            crashed is None
-            and last_entry is not None
-            and isinstance(cc, int)
-            and last_entry.get("cycle") == cc
-            and last_entry.get("result") in SUCCESS
-            # A heavy cycle parks its item for a fresh session: released, as the live path does.
-            and last_entry.get("context_heavy") is not True
+    if claimed is not None:
+        cc = claimed.cycle
+        logged = crashed is None and last_entry is not None and isinstance(cc, int) and last_entry.get("cycle") == cc
+        # The cycle's entry is the commit point: the live path's own rule decides from it.
+        claim = (
+            claim_action(str(last_entry.get("result")), heavy=last_entry.get("context_heavy") is True)
+            if logged and last_entry is not None
+            else ClaimAction.RELEASE
         )
-        claim = "finalize" if logged_ok else "release"
-    return Reconcile(bool(fire), crashed, pgid, claim)
+    return Reconcile(fire is not None, crashed, pgid, claim)

@@ -127,16 +127,16 @@ def gather(paths: Paths) -> Context:
 
     ledger = Ledger(paths.ledger)
     st = load_readonly(paths.state, ledger)
-    session = st.agent_session or {}
-    sid = session.get("id") if isinstance(session.get("id"), str) else None
+    session = st.agent_session
+    sid = session.id if session is not None and session.id else None
     tail = ledger.tail(40).entries
     mine = [e for e in tail if sid and e.get("session_id") == sid] or tail[-5:]
     ctx = Context(
         session_id=sid,
-        runner=str(session.get("runner", "")),
+        runner=session.runner if session is not None else "",
         entries=mine[-10:],
         parked=list(st.parked_work),
-        summary=str(session.get("summary", "")),
+        summary=session.summary if session is not None else "",
     )
     cycles = [e["cycle"] for e in mine if isinstance(e.get("cycle"), int)]
     if cycles:
@@ -146,12 +146,12 @@ def gather(paths: Paths) -> Context:
     except (OSError, orjson.JSONDecodeError):
         cstate = None
     cstate = cstate if isinstance(cstate, dict) else {}
-    claimed = st.claimed_work or {}
-    ref = claimed.get("ref") or cstate.get("work_ref") or session.get("need_ref")
+    claimed = st.claimed_work
+    ref = (claimed.ref if claimed else "") or cstate.get("work_ref") or (session.need_ref if session else None)
     if not ref and mine:
         ref = mine[-1].get("work_ref")
     ctx.task_ref = str(ref or "")
-    title = claimed.get("title") or cstate.get("title")
+    title = (claimed.title if claimed else "") or cstate.get("title")
     if not title:
         title = next((e.get("target") for e in reversed(tail) if e.get("work_ref") == ref and e.get("target")), "")
     ctx.task_title = str(title or "")

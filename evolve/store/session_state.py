@@ -17,6 +17,7 @@ import orjson
 
 from evolve.store.atomic import move_aside, save_aside, write_json
 from evolve.store.ledger import Ledger, entry_cycle
+from evolve.store.records import RECORDS, AgentSession, ClaimedWork, FireRecord, PostCompact, Record
 from evolve.timeutil import utc_iso
 
 IDLE_RESULTS = frozenset({"unchanged", "idle"})
@@ -32,24 +33,32 @@ class SessionState:
     last_result: str | None = None
     last_mode: str | None = None
     last_selected_source: str | None = None
-    claimed_work: dict[str, Any] | None = None
-    agent_session: dict[str, Any] | None = None
+    claimed_work: ClaimedWork | None = None
+    agent_session: AgentSession | None = None
     consecutive_failures: int = 0
     breaker_open_until: str | None = None
     last_logged_cycle: int = 0
-    fire: dict[str, Any] | None = None
+    fire: FireRecord | None = None
     ack_regression_cycle: int = 0
     landed_directives: list[str] = field(default_factory=list)  # "<goals era>|<directive ref>"
     percepts: list[str] = field(default_factory=list)  # facts agents reported, newest last
     attempts: dict[str, int] = field(default_factory=dict)  # failed/regressed cycles per work ref
-    post_compact: dict[str, Any] | None = None  # {session_id, cycle, text}: state block for the next resumed run
+    post_compact: PostCompact | None = None  # the state block for the next resumed run after a compaction
     updated_at: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # A record given as its JSON object (tests, callers holding decoded JSON) becomes the record.
+        for name, cls in RECORDS.items():
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Record):
+                setattr(self, name, cls.from_json(value))
 
     def to_dict(self) -> dict[str, Any]:
         out = dict(self.extra)
         for f in OWNED:
-            out[f.name] = copy.deepcopy(getattr(self, f.name))
+            value = getattr(self, f.name)
+            out[f.name] = copy.deepcopy(value.to_json() if isinstance(value, Record) else value)
         return out
 
 
@@ -83,6 +92,9 @@ def _is_int(v: Any) -> bool:
 
 
 def _type_ok(name: str, value: Any) -> bool:
+    """Whether ``value`` is valid for the field: its JSON form on disk, or its typed record in memory."""
+    if name in RECORDS and isinstance(value, RECORDS[name]):
+        return True
     types = _TYPES[name]
     if isinstance(value, bool) and bool not in types:
         return False
@@ -152,11 +164,16 @@ def load(path: Path, ledger: Ledger, *, readonly: bool = False) -> LoadResult:
     for f in OWNED:
         if f.name in obj:
             value = obj[f.name]
-            if _type_ok(f.name, value):
-                setattr(st, f.name, value)
-            else:
+            if not _type_ok(f.name, value):
                 bad = True
                 warnings.append(f"session-state field {f.name!r} has the wrong type; reset to default")
+            elif f.name in RECORDS:
+                record, wrong = RECORDS[f.name].read(value) if value else (None, [])
+                setattr(st, f.name, record)
+                # Inside a record a wrong value is reset quietly on disk (the next save), but said here.
+                warnings.extend(f"session-state field '{f.name}.{k}' has the wrong type; reset" for k in wrong)
+            else:
+                setattr(st, f.name, value)
     st.extra = {k: v for k, v in obj.items() if k not in _TYPES}
     if bad and not readonly:
         aside = save_aside(path, "invalid", raw)

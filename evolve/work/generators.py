@@ -14,10 +14,7 @@ from typing import Any
 import orjson
 
 from evolve.procgroup import CaptureError, run_capture
-
-# keys_of is imported for callers that spell it generators.keys_of (cycle/fire.py, being rewritten
-# concurrently); new code takes both from evolve.work.item, where the keys live with the work item.
-from evolve.work.item import SourceError, item_keys, keys_of  # noqa: F401
+from evolve.work.item import SourceError, item_keys
 
 
 def parse_output(raw: bytes, name: str) -> list[dict[str, Any]]:

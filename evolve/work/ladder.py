@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from evolve.results import PRODUCTIVE
 from evolve.work.item import WorkItem, clean_text
 
 SOFT_REPEAT = 3
@@ -24,7 +25,6 @@ QUARANTINE_FLIPS = 3
 RUNNERS_UP = 5  # eligible items listed in ``considered`` after a rung's top (for --dry-run)
 LOOKAHEAD = 50  # items looked at past a rung's top while listing them
 RUNNER_UP = "runner-up"
-PRODUCTIVE = frozenset({"improved", "regressed", "harvested"})
 FINDING_SEVERITIES = frozenset({"high", "medium"})
 
 _SUFFIX = re.compile(r"-\d+(st|nd|rd|th)?$")

@@ -1,0 +1,43 @@
+"""The vocabulary of cycle results (docs/DESIGN.md §3), spelled once.
+
+``CycleResult`` is a ``StrEnum``: a member *is* its string, so ledger lines, JSON output and
+comparisons with values read back from disk (plain strings written by us or by the upstream
+``/evolve`` tooling) all keep working. Every set of results the code reasons about is named here.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class CycleResult(StrEnum):
+    IMPROVED = "improved"  # substantive change, gate green, committed
+    REGRESSED = "regressed"  # gate or a goal went red; the cycle's changes reverted
+    HARVESTED = "harvested"  # durable follow-up work instead of code
+    UNCHANGED = "unchanged"  # idle, downgraded improved, or a metronome block
+    SCOUT = "scout"  # split / defer / park decision
+    CONTEXT_HANDOFF = "context-handoff"  # the fire ended to resume in a fresh session
+    QUARANTINED = "quarantined"  # an oscillating goal skipped
+    FAILED = "failed"  # agent or infrastructure error (see ``error_class``)
+    INTERRUPTED = "interrupted"  # SIGTERM/SIGINT during the cycle
+    CRASHED = "crashed"  # logged by the next fire for a fire that died mid-cycle
+
+    @property
+    def succeeded(self) -> bool:
+        """The agent's work stands: its claim may be consumed and its follow-ups queued."""
+        return self in SUCCESS
+
+    @property
+    def productive(self) -> bool:
+        """Counts towards the metronome's same-shape streak."""
+        return self in PRODUCTIVE
+
+
+# The results after which the cycle's change (if any) stands and the item may be consumed.
+SUCCESS: frozenset[str] = frozenset({CycleResult.IMPROVED, CycleResult.HARVESTED, CycleResult.UNCHANGED})
+# Cycles whose shape the metronome counts (a red attempt at the same thing is still the same shape).
+PRODUCTIVE: frozenset[str] = frozenset({CycleResult.IMPROVED, CycleResult.REGRESSED, CycleResult.HARVESTED})
+# A cycle that went wrong by itself (status: the last cycle failed → degraded).
+FAILURES: frozenset[str] = frozenset({CycleResult.FAILED, CycleResult.CRASHED})
+# A cycle that ended without its work standing ("last success" skips these).
+UNSUCCESSFUL: frozenset[str] = FAILURES | {CycleResult.INTERRUPTED, CycleResult.REGRESSED}
