@@ -87,7 +87,7 @@ def repo_of(args: argparse.Namespace) -> Path:
 
 
 def _repo(args: argparse.Namespace) -> Path:
-    from evolve.paths import git_toplevel
+    from evolve.gitops import git_toplevel
 
     start = args.repo if args.repo is not None else Path.cwd()
     if not start.is_dir():

@@ -183,7 +183,7 @@ def ready_items(paths: Paths, cfg: Any, env: Mapping[str, str], *, beads: bool =
         except Exception:
             pass
     try:
-        snap = orjson.loads((paths.evolve_dir / "fitness-latest.json").read_bytes())
+        snap = orjson.loads(paths.fitness_latest.read_bytes())
         failing = snap.get("summary", {}).get("failing") if isinstance(snap, dict) else None
         if isinstance(failing, int) and not isinstance(failing, bool):
             out["goals"] = failing

@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
 
     from evolve import config, cronexpr, log
     from evolve.cli import repo_of
-    from evolve.paths import Paths, git_toplevel
+    from evolve.gitops import git_toplevel
+    from evolve.paths import Paths
     from evolve.scheduler import Daemon, RepoJob
 
     starts = list(args.repos) + (read_fleet(args.fleet) if args.fleet else [])
