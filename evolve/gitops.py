@@ -1,10 +1,13 @@
-"""Git operations the cycle needs, always by explicit path and argv (never ``git add -A``)."""
+"""Git operations the cycle needs, always by explicit path and argv (never ``git add -A``).
+
+``subprocess`` is imported inside the functions that start git: every command (``evolve status``
+too) imports this module for :func:`git_toplevel`, which usually needs no git process.
+"""
 
 from __future__ import annotations
 
 import os
 import re
-import subprocess
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -18,6 +21,8 @@ class GitError(Exception):
 
 
 def _env(repo: Path) -> Mapping[str, str]:
+    import subprocess
+
     env = dict(os.environ)
     env.setdefault("GIT_TERMINAL_PROMPT", "0")
     # A repo without an identity must still be committable by an unattended loop.
@@ -31,6 +36,8 @@ def _env(repo: Path) -> Mapping[str, str]:
 
 
 def git(repo: Path, *args: str, check: bool = True, env: Mapping[str, str] | None = None) -> str:
+    import subprocess
+
     proc = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, env=env)
     if check and proc.returncode != 0:
         raise GitError(f"git {args[0]} failed: {proc.stderr.strip()[:300]}")
@@ -38,6 +45,8 @@ def git(repo: Path, *args: str, check: bool = True, env: Mapping[str, str] | Non
 
 
 def head(repo: Path) -> str | None:
+    import subprocess
+
     proc = subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=repo, capture_output=True, text=True)
     return proc.stdout.strip() or None if proc.returncode == 0 else None
 
@@ -99,6 +108,8 @@ def _acceptable_git_dir(top: Path, dot: Path) -> bool:
 
 
 def _rev_parse_toplevel(start: Path) -> Path:
+    import subprocess
+
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--show-toplevel"],
@@ -149,6 +160,8 @@ def changed_since(repo: Path, start: str | None) -> set[str]:
 
 def foreign_commits(repo: Path, since: object) -> int:
     """Commits on HEAD after ``since`` that the loop did not make (intervening events, SPEC §5)."""
+    import subprocess
+
     if not isinstance(since, str) or not since:
         return 0
     proc = subprocess.run(["git", "log", "--format=%s", f"{since}..HEAD"], cwd=repo, capture_output=True, text=True)
