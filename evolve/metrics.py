@@ -27,7 +27,6 @@ from evolve.store.atomic import atomic_write_bytes, write_json
 from evolve.timeutil import parse_iso
 
 TEXTFILE_NAME = "evolve.prom"
-CACHE_NAME = "metrics-cache.json"
 CACHE_VERSION = 1
 PROBE_BYTES = 64
 CHUNK = 1 << 20
@@ -98,7 +97,7 @@ def _probe(fd: int, offset: int) -> str:
 
 def ledger_counts(paths: Paths, *, save_cache: bool = True) -> LedgerCounts:
     """The whole ledger's counters, reading only what was appended since the cached offset."""
-    cache_path = paths.evolve_dir / CACHE_NAME
+    cache_path = paths.metrics_cache
     try:
         fd = os.open(paths.ledger, os.O_RDONLY)
     except (FileNotFoundError, NotADirectoryError):

@@ -99,6 +99,16 @@ class Paths:
         return self._e("handoffs")
 
     @property
+    def handoff_pending(self) -> Path:
+        """The operator's pending hand-off request (``evolve handoff continue|fork``)."""
+        return self.handoffs_dir / "pending.json"
+
+    @property
+    def metrics_cache(self) -> Path:
+        """The metrics' per-result counts up to a ledger offset, so a scrape reads only new lines."""
+        return self._e("metrics-cache.json")
+
+    @property
     def sessions_dir(self) -> Path:
         """The http runner's conversations, one file per agent session."""
         return self._e("sessions")
