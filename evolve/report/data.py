@@ -210,14 +210,14 @@ def build(paths: Paths, *, since: float, now: float | None = None, env: Mapping[
           ) -> ReportData:
     env = os.environ if env is None else env
     now = time.time() if now is None else now
-    snap = read_snapshot(paths, recent=5, env=env, now=now, probe_schedule=False)
+    loaded = load_config(paths, env)  # once: the snapshot and the context threshold both need it
+    snap = read_snapshot(paths, recent=5, env=env, now=now, probe_schedule=False, config=loaded)
     entries, skipped = _window_entries(Ledger(paths.ledger), since)
     cycles = []
     for e in entries:
         end = parse_iso(e.get("timestamp")) or now
         dur = _num(e.get("duration_s")) or 0.0
         cycles.append(Cycle(entry=e, end=end, start=max(since, end - max(dur, 0.0))))
-    cfg, _ = load_config(paths, env)
     return ReportData(
         repo=str(paths.repo),
         since=since,
@@ -228,5 +228,5 @@ def build(paths: Paths, *, since: float, now: float | None = None, env: Mapping[
         fires=_fires(cycles, _journal(paths, since)),
         parked=_parked(paths, cycles, list(snap.parked_work or [])),
         blocked=_blocked(paths, since),
-        heavy_pct=float(cfg.context.heavy_pct),
+        heavy_pct=float(loaded[0].context.heavy_pct),
     )

@@ -420,11 +420,15 @@ def read_snapshot(
     env: Mapping[str, str] | None = None,
     now: float | None = None,
     probe_schedule: bool = True,
+    config: tuple[Any, str | None] | None = None,
 ) -> StatusSnapshot:
-    """Everything ``evolve status`` shows; ``probe_schedule=False`` skips the daemon/systemd lookup."""
+    """Everything ``evolve status`` shows; ``probe_schedule=False`` skips the daemon/systemd lookup.
+
+    ``config`` is :func:`load_config`'s answer when the caller has it already (the report needs it too).
+    """
     env = os.environ if env is None else env
     now = time.time() if now is None else now
-    cfg, config_error = load_config(paths, env)
+    cfg, config_error = load_config(paths, env) if config is None else config
     ledger = Ledger(paths.ledger)
     tail = ledger.tail(max(recent, 20))
     st = load_readonly(paths.state, ledger)
