@@ -16,7 +16,10 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from evolve.status.snapshot import StatusSnapshot
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 NETWORK_FS = frozenset({
@@ -229,26 +232,29 @@ def check_tracker(cfg: Any, repo: Path, env: Mapping[str, str]) -> Finding:
     return Finding("tracker", OK, f"{tool}")
 
 
-def check_markers(info: dict[str, Any]) -> list[Finding]:
+def check_markers(snap: StatusSnapshot | None) -> list[Finding]:
+    """Markers that halt fires and an open breaker (nothing when the state could not be read)."""
+    if snap is None:
+        return []
     out = []
     fixes = {"KILL": "evolve resume --kill", "KILL(global)": "evolve resume --kill", "STOP": "evolve resume"}
-    for name, m in info.get("markers", {}).items():
+    for name, m in snap.markers.items():
         if name in fixes:
-            if m.get("stale"):
+            if m.stale:
                 out.append(Finding("marker", WARN, f"{name} is older than its TTL and ignored", fixes[name]))
             else:
                 out.append(Finding("marker", WARN, f"{name} present: fires halt", fixes[name] + " when ready"))
         elif name == "DORMANT":
             out.append(Finding("marker", WARN, "DORMANT: no work was found three passes in a row",
                                "add work (queue, beads, GOALS); the next fire clears DORMANT by itself"))
-    if info.get("breaker", {}).get("state") == "open":
-        out.append(Finding("breaker", WARN, f"failure breaker open until {info['breaker']['open_until']}",
+    if snap.breaker.state == "open":
+        out.append(Finding("breaker", WARN, f"failure breaker open until {snap.breaker.open_until}",
                            "look at `evolve history --result failed`; it closes by itself after the cooldown"))
     return out
 
 
-def check_autocompact(info: dict[str, Any]) -> Finding:
-    ac = info.get("autocompact") or {}
+def check_autocompact(ac: Mapping[str, Any]) -> Finding:
+    """The autocompact preflight of the snapshot (``StatusSnapshot.autocompact``); advisory only."""
     state = str(ac.get("state", "unknown"))
     detail = " ".join(str(ac[k]) for k in ("value", "source", "detail") if ac.get(k))
     text = f"{state}{' (' + detail + ')' if detail else ''}"
@@ -273,7 +279,7 @@ def _crontab_lines(env: Mapping[str, str]) -> list[str]:
 
 
 def check_schedule(paths: Any, env: Mapping[str, str]) -> Finding:
-    from evolve.status import daemon_info, systemd_timers
+    from evolve.status.schedule import daemon_info, systemd_timers
 
     d = daemon_info(paths)
     if d is not None:
@@ -320,7 +326,7 @@ def diagnose(repo: Path, env: Mapping[str, str]) -> list[Finding]:
     from evolve.config import Config, load
     from evolve.errors import ConfigError
     from evolve.paths import Paths
-    from evolve.status import status
+    from evolve.status.snapshot import read_snapshot
 
     findings = check_git(repo, env)
     if findings[0].level == FAIL:
@@ -348,14 +354,14 @@ def diagnose(repo: Path, env: Mapping[str, str]) -> list[Finding]:
         tool = _which(cfg.notify.command[0], env)
         findings.append(Finding("notify", OK if tool else FAIL, f"command {cfg.notify.command[0]!r}"
                                 + ("" if tool else " not found"), "fix [notify] command (an argv, not a shell line)"))
+    snap = None
     try:
-        info = status(paths, recent=1, env=env, probe_schedule=False)
+        snap = read_snapshot(paths, recent=1, env=env, probe_schedule=False)
     except Exception as exc:  # a doctor reports, it does not crash
-        info = {}
         findings.append(Finding("status", FAIL, f"cannot read the state: {type(exc).__name__}: {exc}"[:300],
                                 "look at .agents/evolve/session-state.json and cycle-history.jsonl"))
-    findings += check_markers(info)
-    findings.append(check_autocompact(info or {"autocompact": {}}))
+    findings += check_markers(snap)
+    findings.append(check_autocompact(snap.autocompact if snap is not None else {}))
     findings.append(check_schedule(paths, env))
     return findings
 

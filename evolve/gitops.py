@@ -1,11 +1,17 @@
-"""Git operations the cycle needs, always by explicit path and argv (never ``git add -A``)."""
+"""Git operations the cycle needs, always by explicit path and argv (never ``git add -A``).
+
+``subprocess`` is imported inside the functions that start git: every command (``evolve status``
+too) imports this module for :func:`git_toplevel`, which usually needs no git process.
+"""
 
 from __future__ import annotations
 
 import os
-import subprocess
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+
+from evolve.errors import UsageError
 
 NON_SUBSTANTIVE_FILES = ("GOALS.md", "GOALS.yaml", "GOALS.yml")
 
@@ -15,6 +21,8 @@ class GitError(Exception):
 
 
 def _env(repo: Path) -> Mapping[str, str]:
+    import subprocess
+
     env = dict(os.environ)
     env.setdefault("GIT_TERMINAL_PROMPT", "0")
     # A repo without an identity must still be committable by an unattended loop.
@@ -28,6 +36,8 @@ def _env(repo: Path) -> Mapping[str, str]:
 
 
 def git(repo: Path, *args: str, check: bool = True, env: Mapping[str, str] | None = None) -> str:
+    import subprocess
+
     proc = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, env=env)
     if check and proc.returncode != 0:
         raise GitError(f"git {args[0]} failed: {proc.stderr.strip()[:300]}")
@@ -35,8 +45,84 @@ def git(repo: Path, *args: str, check: bool = True, env: Mapping[str, str] | Non
 
 
 def head(repo: Path) -> str | None:
+    import subprocess
+
     proc = subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=repo, capture_output=True, text=True)
     return proc.stdout.strip() or None if proc.returncode == 0 else None
+
+
+# Variables that change how git finds the repository: with any of them set, git itself decides.
+_DISCOVERY_ENV = ("GIT_DIR", "GIT_WORK_TREE", "GIT_COMMON_DIR", "GIT_CEILING_DIRECTORIES",
+                  "GIT_DISCOVERY_ACROSS_FILESYSTEM")
+
+_BARE = re.compile(rb"^\s*bare\s*(?:=(?!\s*false\s*$)|$)", re.M)
+
+
+def git_toplevel(start: Path, env: Mapping[str, str] | None = None) -> Path:
+    """The git top level containing ``start``; a usage error outside a repository.
+
+    Every command starts here, ``evolve status`` and the session-start hook included, so the common
+    case (a plain ``.git`` directory we own above ``start``) is found by walking up without starting
+    git (~10 ms); anything git might answer differently goes to ``git rev-parse --show-toplevel``.
+    """
+    env = os.environ if env is None else env
+    found = None if any(k in env for k in _DISCOVERY_ENV) else _plain_toplevel(start)
+    return found if found is not None else _rev_parse_toplevel(start)
+
+
+def _plain_toplevel(start: Path) -> Path | None:
+    """The nearest ancestor with a plain ``.git`` directory git would accept; None when unsure.
+
+    Unsure means: ``start`` inside a ``.git`` directory, a ``.git`` file (worktree, submodule), a
+    repository with ``core.worktree``/``core.bare``, one owned by another user (``safe.directory``), a
+    file-system boundary crossed on the way up (git stops there), or no repository at all.
+    """
+    try:
+        here = start.resolve()
+        dev = os.stat(here).st_dev
+        for d in (here, *here.parents):
+            if d.name == ".git" or os.stat(d).st_dev != dev:
+                return None
+            dot = d / ".git"
+            if dot.is_file() or dot.is_symlink():
+                return None
+            if dot.is_dir():
+                return d if _acceptable_git_dir(d, dot) else None
+    except (OSError, RuntimeError):
+        return None
+    return None
+
+
+def _acceptable_git_dir(top: Path, dot: Path) -> bool:
+    if not ((dot / "HEAD").is_file() and (dot / "objects").is_dir() and (dot / "refs").is_dir()):
+        return False
+    uid = os.geteuid()
+    if os.stat(top).st_uid != uid or os.stat(dot).st_uid != uid:
+        return False
+    try:
+        config = (dot / "config").read_bytes().lower()
+    except FileNotFoundError:
+        config = b""
+    # A ``bare`` key with any value but false, or a ``worktree`` anywhere: let git decide.
+    return b"worktree" not in config and _BARE.search(config) is None
+
+
+def _rev_parse_toplevel(start: Path) -> Path:
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel"],
+            cwd=start,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    except FileNotFoundError as exc:
+        raise UsageError("git is not installed; evolve needs it") from exc
+    if out.returncode != 0:
+        raise UsageError(f"{start} is not inside a git repository (use --repo PATH)")
+    return Path(out.stdout.strip())
 
 
 def is_internal(path: str) -> bool:
@@ -74,6 +160,8 @@ def changed_since(repo: Path, start: str | None) -> set[str]:
 
 def foreign_commits(repo: Path, since: object) -> int:
     """Commits on HEAD after ``since`` that the loop did not make (intervening events, SPEC §5)."""
+    import subprocess
+
     if not isinstance(since, str) or not since:
         return 0
     proc = subprocess.run(["git", "log", "--format=%s", f"{since}..HEAD"], cwd=repo, capture_output=True, text=True)

@@ -22,12 +22,11 @@ from typing import Any
 import orjson
 
 from evolve.paths import Paths
-from evolve.status import UNSUCCESSFUL, load_config, status
+from evolve.status.snapshot import UNSUCCESSFUL, load_config, read_snapshot
 from evolve.store.atomic import atomic_write_bytes, write_json
 from evolve.timeutil import parse_iso
 
 TEXTFILE_NAME = "evolve.prom"
-CACHE_NAME = "metrics-cache.json"
 CACHE_VERSION = 1
 PROBE_BYTES = 64
 CHUNK = 1 << 20
@@ -98,7 +97,7 @@ def _probe(fd: int, offset: int) -> str:
 
 def ledger_counts(paths: Paths, *, save_cache: bool = True) -> LedgerCounts:
     """The whole ledger's counters, reading only what was appended since the cached offset."""
-    cache_path = paths.evolve_dir / CACHE_NAME
+    cache_path = paths.metrics_cache
     try:
         fd = os.open(paths.ledger, os.O_RDONLY)
     except (FileNotFoundError, NotADirectoryError):
@@ -183,7 +182,7 @@ def ready_items(paths: Paths, cfg: Any, env: Mapping[str, str], *, beads: bool =
         except Exception:
             pass
     try:
-        snap = orjson.loads((paths.evolve_dir / "fitness-latest.json").read_bytes())
+        snap = orjson.loads(paths.fitness_latest.read_bytes())
         failing = snap.get("summary", {}).get("failing") if isinstance(snap, dict) else None
         if isinstance(failing, int) and not isinstance(failing, bool):
             out["goals"] = failing
@@ -242,7 +241,7 @@ class Exposition:
 def render(paths: Paths, cfg: Any, env: Mapping[str, str], *, beads: bool = True, now: float | None = None) -> str:
     now = time.time() if now is None else now
     counts = ledger_counts(paths)
-    info = status(paths, recent=1, env=env, now=now, probe_schedule=False)
+    snap = read_snapshot(paths, recent=1, env=env, now=now, probe_schedule=False)
     x = Exposition({"repo": str(paths.repo)})
 
     results = dict.fromkeys(RESULTS, 0)
@@ -264,21 +263,21 @@ def render(paths: Paths, cfg: Any, env: Mapping[str, str], *, beads: bool = True
     x.gauge("evolve_last_success_timestamp_seconds",
             "When the newest cycle that did not fail, crash, regress or get interrupted was recorded (0 = never).",
             counts.last_success_ts or 0)
-    markers = info["markers"]
+    markers = snap.markers
     x.family(
         "evolve_halted", "gauge", "1 when this marker halts the next fire (KILL/STOP fresh, DORMANT present).",
-        [("evolve_halted", {"marker": label}, int(any(n in markers and not markers[n].get("stale") for n in names)))
+        [("evolve_halted", {"marker": label}, int(any(n in markers and not markers[n].stale for n in names)))
          for label, names in HALT_MARKERS],
     )
     x.gauge("evolve_handoff_pending", "1 while a HANDOFF marker waits for the next fire.", int("HANDOFF" in markers))
     x.gauge("evolve_context_streak", "Consecutive context-heavy cycles in the current agent session.",
-            info["context_streak"])
+            snap.context_streak)
     x.gauge("evolve_context_streak_limit", "Heavy cycles that trigger a context hand-off.",
-            info["context_streak_limit"])
-    x.gauge("evolve_breaker_open", "1 while the failure breaker is open.", int(info["breaker"]["state"] == "open"))
+            snap.context_streak_limit)
+    x.gauge("evolve_breaker_open", "1 while the failure breaker is open.", int(snap.breaker.state == "open"))
     x.gauge("evolve_consecutive_failures", "Failed cycles in a row (the breaker opens at its limit).",
-            info["consecutive_failures"])
-    x.gauge("evolve_status_health", "evolve status exit code: 0 healthy, 1 degraded, 75 halted.", info["exit_code"])
+            snap.consecutive_failures)
+    x.gauge("evolve_status_health", "evolve status exit code: 0 healthy, 1 degraded, 75 halted.", snap.exit_code)
     x.gauge("evolve_ledger_malformed_lines", "Malformed ledger lines skipped by the metrics reader.", counts.malformed)
     ready = ready_items(paths, cfg, env, beads=beads)
     x.family("evolve_items_ready", "gauge", "Selectable work items by source (a source that failed is absent).",

@@ -25,7 +25,6 @@ import orjson
 
 from evolve.paths import Paths
 from evolve.procgroup import FIRE_TAG, Limits, run_group
-from evolve.status import FIRES_FILE
 from evolve.store.atomic import NOFOLLOW
 from evolve.timeutil import utc_iso
 
@@ -176,7 +175,7 @@ class FireJournal:
                 "handoff_cycle": rec.get("handoff_cycle"),
                 "pid": os.getpid(),
             }
-            append_line(self.paths.evolve_dir / FIRES_FILE, line)
+            append_line(self.paths.fires, line)
 
 
 def append_line(path: Path, obj: Mapping[str, Any]) -> None:

@@ -1,14 +1,20 @@
-"""Where every on-disk file lives (SPEC §2); one place so no module spells a path twice."""
+"""Where every on-disk file lives (SPEC §2); one place so no module spells a path twice.
+
+Imported by every command, ``evolve status`` and the session-start hook included: standard library
+only, and no subprocess (``git_toplevel`` lives in :mod:`evolve.gitops`).
+"""
 
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from evolve.errors import UsageError
+# Names of files that modules holding only the state directory (not a ``Paths``) build themselves.
+FITNESS_LATEST = "fitness-latest.json"
+FITNESS_LATEST_POST = "fitness-latest-post.json"
+FITNESS_BASELINES = "fitness-baselines"
 
 
 @dataclass(frozen=True)
@@ -92,19 +98,45 @@ class Paths:
     def handoffs_dir(self) -> Path:
         return self._e("handoffs")
 
+    @property
+    def handoff_pending(self) -> Path:
+        """The operator's pending hand-off request (``evolve handoff continue|fork``)."""
+        return self.handoffs_dir / "pending.json"
 
-def git_toplevel(start: Path) -> Path:
-    """The git top level containing ``start``; a usage error outside a repository."""
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--show-toplevel"],
-            cwd=start,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-    except FileNotFoundError as exc:
-        raise UsageError("git is not installed; evolve needs it") from exc
-    if out.returncode != 0:
-        raise UsageError(f"{start} is not inside a git repository (use --repo PATH)")
-    return Path(out.stdout.strip())
+    @property
+    def metrics_cache(self) -> Path:
+        """The metrics' per-result counts up to a ledger offset, so a scrape reads only new lines."""
+        return self._e("metrics-cache.json")
+
+    @property
+    def sessions_dir(self) -> Path:
+        """The http runner's conversations, one file per agent session."""
+        return self._e("sessions")
+
+    @property
+    def daemon(self) -> Path:
+        """``evolve daemon``'s pid and next fire time, for ``evolve status``."""
+        return self._e("daemon.json")
+
+    @property
+    def fires(self) -> Path:
+        """One line per fire (the fire journal), for the morning report."""
+        return self._e("fires.jsonl")
+
+    @property
+    def report_html(self) -> Path:
+        """Where ``evolve report`` writes the morning report by default."""
+        return self._e("report.html")
+
+    @property
+    def fitness_latest(self) -> Path:
+        return self._e(FITNESS_LATEST)
+
+    @property
+    def fitness_latest_post(self) -> Path:
+        return self._e(FITNESS_LATEST_POST)
+
+    @property
+    def fitness_baselines(self) -> Path:
+        return self._e(FITNESS_BASELINES)
+

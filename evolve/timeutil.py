@@ -27,3 +27,18 @@ def parse_iso(text: object) -> float | None:
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=UTC)
     return dt.timestamp()
+
+
+def human_s(seconds: float | None) -> str:
+    """A duration for people: ``3d4h``, ``2h05m``, ``4m10s``, ``12s`` (``?`` when unknown)."""
+    if seconds is None:
+        return "?"
+    s = round(abs(seconds))
+    sign = "-" if seconds < 0 else ""
+    if s >= 86400:
+        return f"{sign}{s // 86400}d{s % 86400 // 3600}h"
+    if s >= 3600:
+        return f"{sign}{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{sign}{s // 60}m{s % 60:02d}s"
+    return f"{sign}{s}s"

@@ -109,7 +109,7 @@ def test_ready_beads_are_counted_from_the_tracker(env: Env, tmp_path) -> None:
 def test_counters_are_incremental_and_recount_when_the_ledger_changes(env: Env) -> None:
     write_every_kind(env)
     first = metrics.ledger_counts(env.paths)
-    cache = env.paths.evolve_dir / metrics.CACHE_NAME
+    cache = env.paths.metrics_cache
     assert first.offset == env.paths.ledger.stat().st_size and cache.exists()
     # Prove the next read starts at the cached offset: a doctored cached count survives it.
     doctored = orjson.loads(cache.read_bytes())

@@ -34,7 +34,7 @@ def make_runner(cfg: Config, env: Mapping[str, str], paths: Paths) -> Runner:
     if kind == "http":
         from evolve.agent.http import HttpRunner
 
-        return HttpRunner(cfg.agent, env, paths.evolve_dir / "sessions", context_window=cfg.context.context_window)
+        return HttpRunner(cfg.agent, env, paths.sessions_dir, context_window=cfg.context.context_window)
     if kind == "claude":
         from evolve.agent.claude import ClaudeRunner
 

@@ -53,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
     from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
     from evolve import config, cronexpr, log
-    from evolve.paths import Paths, git_toplevel
+    from evolve.gitops import git_toplevel
+    from evolve.paths import Paths
     from evolve.scheduler import Daemon, RepoJob
 
     starts = list(args.repos) + (read_fleet(args.fleet) if args.fleet else [])

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(html)
         sys.stdout.flush()
         return 0
-    out = args.output if args.output is not None else paths.evolve_dir / "report.html"
+    out = args.output if args.output is not None else paths.report_html
     atomic_write_bytes(out, html.encode("utf-8"), mode=0o644)
     print(f"wrote {out}")
     return 0

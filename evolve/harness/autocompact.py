@@ -19,9 +19,8 @@ import json
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from evolve.errors import UsageError
 
@@ -69,8 +68,13 @@ def nudge_off_marker(project: Path) -> Path:
 # -- the detector ----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Detection:
+class Detection(NamedTuple):
+    """Where the key was found and whether it is valid.
+
+    A NamedTuple rather than a dataclass: ``evolve hook session-start`` imports this module at every
+    agent session start, and importing ``dataclasses`` costs it ~5 ms.
+    """
+
     status: str  # CONFIGURED | INVALID | ABSENT
     value: Any = None  # the raw value where it was found (any JSON type from a file)
     source: str = ""  # SRC_* label
@@ -226,13 +230,15 @@ def render(settings: dict[str, Any]) -> bytes:
         return (json.dumps(settings, indent=2, ensure_ascii=True) + "\n").encode("utf-8")
 
 
-@dataclass
 class SetupResult:
-    path: Path
-    wrote: bool = False
-    value: str | None = None
-    messages: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
+    """What ``evolve setup`` did (a plain class for the reason given at :class:`Detection`)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.wrote = False
+        self.value: str | None = None
+        self.messages: list[str] = []
+        self.warnings: list[str] = []
 
 
 Ask = Callable[[str], str]

@@ -34,7 +34,6 @@ from evolve.timeutil import utc_iso, utc_stamp
 from evolve.work.item import clean_text
 
 CONTINUE, FORK = "continue", "fork"
-PENDING = "pending.json"
 ARCHIVE = "archive"
 ARCHIVE_AFTER_DAYS = 30
 DELETE_AFTER_DAYS = 90
@@ -286,7 +285,7 @@ class Request:
 
 
 def pending_path(paths: Paths) -> Path:
-    return paths.handoffs_dir / PENDING
+    return paths.handoff_pending
 
 
 def request(

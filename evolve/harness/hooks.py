@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from evolve.harness import autocompact
-from evolve.timeutil import parse_iso
 
 CAP = 10_000
 STALE_AFTER_S = 4 * 3600
@@ -166,6 +165,8 @@ def plan_fields(repo: Path, data: Mapping[str, Any]) -> dict[str, Any]:
 
 def load_state(path: Path, now: float) -> dict[str, Any] | None:
     """The cycle state when it is an object with phase and step, and fresh; None otherwise."""
+    from evolve.timeutil import parse_iso  # datetime: only the compact source needs it
+
     try:
         if path.stat().st_size > PLAN_MAX_BYTES:
             return None

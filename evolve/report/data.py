@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from evolve.paths import Paths
-from evolve.status import FIRES_FILE, status
+from evolve.status.snapshot import StatusSnapshot, load_config, read_snapshot
 from evolve.store.ledger import Ledger
 from evolve.timeutil import parse_iso
 
@@ -51,7 +51,7 @@ class ReportData:
     repo: str
     since: float
     now: float
-    status: dict[str, Any]
+    status: StatusSnapshot
     cycles: list[Cycle] = field(default_factory=list)
     truncated: int = 0
     fires: list[FireSpan] = field(default_factory=list)
@@ -103,7 +103,7 @@ def _window_entries(ledger: Ledger, since: float) -> tuple[list[dict[str, Any]],
 
 def _journal(paths: Paths, since: float) -> list[dict[str, Any]]:
     out = []
-    for rec in Ledger(paths.evolve_dir / FIRES_FILE).scan_back():
+    for rec in Ledger(paths.fires).scan_back():
         ts = parse_iso(rec.get("ended_at"))
         if ts is None:
             continue
@@ -210,25 +210,23 @@ def build(paths: Paths, *, since: float, now: float | None = None, env: Mapping[
           ) -> ReportData:
     env = os.environ if env is None else env
     now = time.time() if now is None else now
-    info = status(paths, recent=5, env=env, now=now, probe_schedule=False)
+    loaded = load_config(paths, env)  # once: the snapshot and the context threshold both need it
+    snap = read_snapshot(paths, recent=5, env=env, now=now, probe_schedule=False, config=loaded)
     entries, skipped = _window_entries(Ledger(paths.ledger), since)
     cycles = []
     for e in entries:
         end = parse_iso(e.get("timestamp")) or now
         dur = _num(e.get("duration_s")) or 0.0
         cycles.append(Cycle(entry=e, end=end, start=max(since, end - max(dur, 0.0))))
-    from evolve.status import load_config
-
-    cfg, _ = load_config(paths, env)
     return ReportData(
         repo=str(paths.repo),
         since=since,
         now=now,
-        status=info,
+        status=snap,
         cycles=cycles,
         truncated=skipped,
         fires=_fires(cycles, _journal(paths, since)),
-        parked=_parked(paths, cycles, list(info.get("parked_work") or [])),
+        parked=_parked(paths, cycles, list(snap.parked_work or [])),
         blocked=_blocked(paths, since),
-        heavy_pct=float(cfg.context.heavy_pct),
+        heavy_pct=float(loaded[0].context.heavy_pct),
     )

@@ -390,7 +390,7 @@ def render_html(d: ReportData) -> str:
     st = d.status
     counts = d.counts()
     window = f"{_utc(d.since)} – {_utc(d.now)} UTC"
-    health = str(st.get("health", "healthy"))
+    health = st.health
     cards = [
         (len(d.fires), "fires"), (len(d.cycles), "cycles"), (counts.get("improved", 0), "improved"),
         (counts.get("regressed", 0) + counts.get("failed", 0) + counts.get("crashed", 0), "regressed / failed"),
@@ -402,7 +402,7 @@ def render_html(d: ReportData) -> str:
     card_html = "".join(f'<div class="card"><b>{t(v)}</b><span>{t(k)}</span></div>' for v, k in cards)
     by_result = ", ".join(f"{counts[r]} {r}" for r in [*RESULT_ORDER, *sorted(set(counts) - set(RESULT_ORDER))]
                           if counts.get(r))
-    reasons = "".join(f"<li>{t(r)}</li>" for r in st.get("reasons") or [])
+    reasons = "".join(f"<li>{t(r)}</li>" for r in st.reasons)
     done_rows = [[t(c.entry.get("cycle")), _badge(c.result), t(c.entry.get("target")), t(c.entry.get("work_ref")),
                   t(str(c.entry.get("sha") or c.entry.get("commit_sha") or "")[:12]),
                   t(str(c.entry.get("summary") or "")[:240])] for c in d.done]
@@ -410,10 +410,9 @@ def render_html(d: ReportData) -> str:
                     t(p.get("cycle", ""))] for p in d.parked]
     blocked_rows = [[t(b.get("cycle")), t(b.get("timestamp")), t(b.get("reason")), t(b.get("needed_context", ""))]
                     for b in d.blocked]
-    markers = st.get("markers") or {}
-    marker_rows = [[t(name), t("sticky" if m.get("sticky") else "non-sticky"), t(_dur(m.get("age_s"))),
-                    t(m.get("effect")), t((m.get("content") or "").splitlines()[0] if m.get("content") else "")]
-                   for name, m in markers.items()]
+    marker_rows = [[t(name), t("sticky" if m.sticky else "non-sticky"), t(_dur(m.age_s)), t(m.effect),
+                    t(m.content.splitlines()[0] if m.content else "")]
+                   for name, m in st.markers.items()]
     truncated = (f'<p class="meta">{d.truncated} older cycle(s) in the window are not drawn.</p>'
                  if d.truncated else "")
     parts = [
@@ -447,9 +446,8 @@ def render_html(d: ReportData) -> str:
         "</section>",
         '<section id="state"><h2>Now</h2>',
         _table(["marker", "kind", "age", "effect", "content"], marker_rows),
-        f'<p class="meta">context streak {t(st.get("context_streak"))}/{t(st.get("context_streak_limit"))} · '
-        f'breaker {t((st.get("breaker") or {}).get("state"))} · last cycle {t(st.get("last_logged_cycle"))} '
-        f'({t(st.get("last_result"))})</p>',
+        f'<p class="meta">context streak {t(st.context_streak)}/{t(st.context_streak_limit)} · '
+        f'breaker {t(st.breaker.state)} · last cycle {t(st.last_logged_cycle)} ({t(st.last_result)})</p>',
         "</section>",
         '<section id="fires"><h2>Fires</h2>',
         _table(["start (UTC)", "length", "fire", "cycles", "ended", "halt detail", "exit", "cost"],

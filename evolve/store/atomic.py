@@ -132,6 +132,14 @@ def write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, dumps(obj, pretty=True))
 
 
+def read_json(path: Path) -> Any:
+    """What :func:`write_json` wrote; None when the file is missing, unreadable or not JSON."""
+    try:
+        return orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+
+
 def _aside_name(path: Path, label: str) -> Path:
     """``<name>.<label>-<UTC>``, with a counter when that name is taken (never overwrite)."""
     stamp = utc_stamp()

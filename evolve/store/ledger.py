@@ -91,6 +91,12 @@ class Ledger:
         finally:
             os.close(fd)
 
+    def raw_lines_backwards(self) -> Iterator[bytes]:
+        """Complete non-blank lines from last to first, as written (a torn last line is skipped)."""
+        for line in self._lines_backwards():
+            if line is not None:
+                yield line
+
     def tail(self, n: int) -> TailRead:
         """The last ``n`` well-formed entries, oldest first."""
         out = TailRead()

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from evolve import gitops
+from evolve.paths import FITNESS_LATEST_POST
 from evolve.work.goals import (
     GoalsFile,
     MeasureError,
@@ -94,7 +95,7 @@ class GoalsSource:
         except MeasureError:
             return None
         if self.write:
-            write_snapshot(self.evolve_dir / "fitness-latest-post.json", snap)
+            write_snapshot(self.evolve_dir / FITNESS_LATEST_POST, snap)
             write_snapshot(snapshot_path(self.evolve_dir), snap)
         return snap
 

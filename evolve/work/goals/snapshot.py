@@ -7,13 +7,14 @@ from typing import Any
 
 import orjson
 
+from evolve.paths import FITNESS_BASELINES, FITNESS_LATEST
 from evolve.store.atomic import write_json
 from evolve.timeutil import utc_stamp
 from evolve.work.goals.model import GoalsFile
 
 
 def snapshot_path(evolve_dir: Path) -> Path:
-    return evolve_dir / "fitness-latest.json"
+    return evolve_dir / FITNESS_LATEST
 
 
 def write_snapshot(path: Path, snap: dict[str, Any]) -> None:
@@ -34,7 +35,7 @@ def read_snapshot(path: Path) -> dict[str, Any] | None:
 
 def capture_baseline(evolve_dir: Path, gf: GoalsFile, snap: dict[str, Any]) -> Path | None:
     """The era's first snapshot, kept as its baseline; None (nothing written) when the era already has one."""
-    era_dir = evolve_dir / "fitness-baselines" / f"goals-{gf.era}"
+    era_dir = evolve_dir / FITNESS_BASELINES / f"goals-{gf.era}"
     if era_dir.is_dir() and any(era_dir.glob("*.json")):
         return None
     path = era_dir / f"{utc_stamp()}.json"

@@ -1,0 +1,495 @@
+"""The status read model: one typed, read-only snapshot of a repository's loop.
+
+``evolve status`` (text and ``--json``), the metrics, the morning report and ``evolve doctor`` all
+read :class:`StatusSnapshot`. Reading imports no structlog or APScheduler and only the ledger's tail
+(backwards, in blocks), so its cost does not grow with the ledger's length. Nothing here writes.
+
+Health, and the exit code of ``evolve status``:
+
+- **halted** (75): a fresh KILL or STOP, DORMANT present, or an unacknowledged goal regression —
+  the next fire would stop in Step 1 (decided by :func:`evolve.cycle.halt.evaluate`);
+- **degraded** (1): the failure breaker is open, the last cycle failed or crashed, a fire died
+  without being reconciled yet, or the config is invalid (the next fire would exit 78);
+- **healthy** (0): anything else.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from evolve.cycle import halt as step1
+from evolve.harness import autocompact
+from evolve.paths import Paths
+from evolve.status.schedule import NextFire, next_fire
+from evolve.store.atomic import read_json
+from evolve.store.ledger import Ledger
+from evolve.store.markers import Marker, read_marker
+from evolve.store.session_state import SessionState, load_readonly
+from evolve.timeutil import human_s, parse_iso, utc_iso
+
+HEALTHY, DEGRADED, HALTED = "healthy", "degraded", "halted"
+EXIT_FOR = {HEALTHY: 0, DEGRADED: 1, HALTED: 75}
+FAILED_RESULTS = frozenset({"failed", "crashed"})
+# A cycle that ended without an error (used for "last success" in status and the metrics).
+UNSUCCESSFUL = frozenset({"failed", "crashed", "interrupted", "regressed"})
+
+TODAY_SCAN_CAP = 20_000  # entries: "cost today" never reads more than this
+SESSION_SCAN_CAP = 2_000  # entries searched for the agent session's first cycle
+MODE_SCAN_CAP = 200  # entries searched for the last agent mode
+
+MARKERS: tuple[tuple[str, str, bool, str], ...] = (
+    # name, Paths attribute, sticky, what it does
+    ("KILL(global)", "global_kill", True, "halts every fire (kill) until an operator removes it"),
+    ("KILL", "kill", True, "halts every fire (kill) until `evolve resume --kill`"),
+    ("STOP", "stop", True, "halts every fire (user_halt) until `evolve resume`"),
+    ("DORMANT", "dormant", False, "halts (dormant); the next fire clears it as soon as any work exists"),
+    ("HANDOFF", "handoff", False, "context hand-off; the next fire clears it and starts a fresh session"),
+    ("RESCOPE", "rescope", False, "operator directive; consumed by the cycle that uses it"),
+    ("ACK-REGRESSION", "ack_regression", False, "acknowledges a goal regression; consumed by the next fire"),
+)
+STALE_EFFECT = "ignored: older than the TTL (not deleted)"
+
+# Status answers Step 1's lazy needs without running anything: DORMANT halts while it exists (the
+# next fire may clear it, but status probes no work source), and no governor command is run.
+_NEED_ANSWERS: dict[str, dict[str, Any]] = {
+    step1.NEED_DORMANT_PROBE: {"dormant_probe": "empty"},
+    step1.NEED_GOVERNOR: {"governor_exit": 0},
+}
+
+
+# -- the snapshot ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Halt:
+    reason: str  # an evolve.cycle.halt reason: kill, user_halt, dormant, goal_regression
+    detail: str
+
+
+@dataclass(frozen=True)
+class MarkerInfo:
+    path: str
+    age_s: int
+    content: str  # stripped, at most 500 characters
+    sticky: bool
+    effect: str
+    ttl_s: int | None = None  # sticky markers only, like the two below
+    ttl_left_s: int | None = None
+    stale: bool = False
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "path": self.path, "age_s": self.age_s, "content": self.content, "sticky": self.sticky,
+            "effect": self.effect,
+        }
+        if self.sticky:
+            out.update(ttl_s=self.ttl_s, ttl_left_s=self.ttl_left_s, stale=self.stale)
+        return out
+
+
+@dataclass(frozen=True)
+class Current:
+    """What the fire holding the lock is doing."""
+
+    pid: Any
+    fire_id: Any
+    fire_started_at: Any
+    fire_elapsed_s: int | None
+    cycle: Any
+    work_ref: Any = None
+    title: Any = None
+    phase: Any = None
+    agent_elapsed_s: int | None = None
+
+
+@dataclass(frozen=True)
+class Breaker:
+    state: str  # "closed" | "open" | "half-open"
+    open_until: str | None
+    eta_s: int | None
+    consecutive_failures: int
+    max_consecutive_failures: int
+    cooldown_minutes: float
+
+
+@dataclass(frozen=True)
+class Session:
+    """The agent session from session-state.json, plus what the ledger says about it."""
+
+    record: dict[str, Any]  # as stored: id, runner, started_cycle, last_cycle, ended_heavy, ...
+    last_mode: str | None
+    started_at: str | None
+    age_s: int | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {**self.record, "last_mode": self.last_mode, "started_at": self.started_at, "age_s": self.age_s}
+
+
+@dataclass(frozen=True)
+class StatusSnapshot:
+    repo: str
+    health: str  # HEALTHY | DEGRADED | HALTED
+    exit_code: int
+    reasons: tuple[str, ...]
+    halt: Halt | None
+    running: bool  # a fire holds the lock
+    pid: Any
+    current: Current | None
+    fire: dict[str, Any] | None
+    active_cycle: dict[str, Any] | None  # cycle-state.json
+    claimed_work: dict[str, Any] | None
+    last_logged_cycle: int
+    last_result: str | None
+    context_streak: int
+    context_streak_limit: int
+    parked_work: list[Any]
+    idle_streak: int
+    consecutive_failures: int
+    breaker_open_until: str | None
+    breaker: Breaker
+    agent_session: Session | None
+    markers: dict[str, MarkerInfo]  # present markers only, in MARKERS order
+    next_fire: NextFire | None
+    cycles_today: int
+    cost_today_usd: float
+    cost_today_partial: bool
+    autocompact: dict[str, Any]
+    recent: list[dict[str, Any]]  # the newest ledger entries, oldest first
+    malformed_lines_seen: int
+    warnings: tuple[str, ...]
+    config_error: str | None
+    generated_at: str
+
+    def as_json(self) -> dict[str, Any]:
+        """What ``evolve status --json`` prints (its keys and their order are a published schema)."""
+        out = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        out.update(
+            reasons=list(self.reasons),
+            halt=None if self.halt is None else {"reason": self.halt.reason, "detail": self.halt.detail},
+            current=None if self.current is None else dict(self.current.__dict__),
+            breaker=dict(self.breaker.__dict__),
+            agent_session=None if self.agent_session is None else self.agent_session.as_json(),
+            markers={name: m.as_json() for name, m in self.markers.items()},
+            next_fire=None if self.next_fire is None else self.next_fire.as_json(),
+            warnings=list(self.warnings),
+        )
+        return out
+
+
+# -- small readers ---------------------------------------------------------------------------
+
+
+def _lock_held(paths: Paths) -> bool:
+    try:
+        fd = os.open(paths.lock, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _num(v: object) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def load_config(paths: Paths, env: Mapping[str, str]) -> tuple[Any, str | None]:
+    """The config, or the defaults plus the error text when the file (or env) is invalid."""
+    from evolve.config import Config, load
+    from evolve.errors import ConfigError
+
+    try:
+        return load(paths.config, env), None
+    except ConfigError as exc:
+        return Config(), " ".join(str(exc).split())[:300]
+
+
+def _shown(value: Any, cap: int = 200) -> str:
+    """A detector value as a short string that encodes (a settings file may hold a lone surrogate)."""
+    text = str(value)
+    text = text if len(text) <= cap else text[: cap - 1] + "…"
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def autocompact_info(repo: Path, env: Mapping[str, str]) -> dict[str, Any]:
+    """CONFIGURED / INVALID / ABSENT from :func:`evolve.harness.autocompact.status_info` (advisory).
+
+    ``unknown`` when the detector fails: an advisory line must never break ``status`` or ``doctor``.
+    """
+    try:
+        info = autocompact.status_info(repo, env)
+    except Exception as exc:
+        return {"state": "unknown", "detail": f"autocompact detector failed: {type(exc).__name__}: {str(exc)[:120]}"}
+    out: dict[str, Any] = {"state": _shown(info["status"], 40)}
+    for key in ("value", "source", "path", "line"):
+        if info.get(key) is not None:
+            out[key] = _shown(info[key])
+    out["nudge_off"] = info["nudge_off"]
+    return out
+
+
+def _read_markers(paths: Paths, now: float) -> dict[str, Marker]:
+    """Every marker of MARKERS, present or not, read once (for the view and for Step 1)."""
+    return {name: read_marker(getattr(paths, attr), now) for name, attr, _, _ in MARKERS}
+
+
+def _marker_infos(found: Mapping[str, Marker], ttl_s: float) -> dict[str, MarkerInfo]:
+    out: dict[str, MarkerInfo] = {}
+    for name, _, sticky, effect in MARKERS:
+        m = found[name]
+        if not m.present:
+            continue
+        info = MarkerInfo(str(m.path), round(m.age_s), m.content.strip()[:500], sticky, effect)
+        if sticky:
+            stale = not m.fresh(ttl_s)
+            info = replace(
+                info, ttl_s=round(ttl_s), ttl_left_s=round(ttl_s - m.age_s), stale=stale,
+                effect=STALE_EFFECT if stale else effect,
+            )
+        out[name] = info
+    return out
+
+
+def _scan_back(ledger: Ledger, now: float, session: dict[str, Any] | None) -> dict[str, Any]:
+    """One bounded backward pass: today's cycles and cost, the last agent mode, the session's start."""
+    midnight = now - now % 86400
+    cost = 0.0
+    cycles = 0
+    partial = False
+    last_mode = None
+    started_cycle = (session or {}).get("started_cycle")
+    started_at = None
+    today_done = False
+    for n, e in enumerate(ledger.scan_back()):
+        ts = parse_iso(e.get("timestamp"))
+        if not today_done:
+            if ts is not None and ts < midnight:
+                today_done = True
+            elif n >= TODAY_SCAN_CAP:
+                today_done = partial = True
+            elif ts is not None:
+                cycles += 1
+                cost += _num(e.get("cost_usd")) or 0.0
+        if last_mode is None and isinstance(e.get("agent_mode"), str):
+            last_mode = e["agent_mode"]
+        c = e.get("cycle")
+        if started_at is None and isinstance(started_cycle, int) and isinstance(c, int):
+            if c == started_cycle:
+                started_at = e.get("timestamp")
+            elif c < started_cycle:
+                started_at = ""  # not found: stop looking
+        session_done = started_at is not None or not isinstance(started_cycle, int) or n >= SESSION_SCAN_CAP
+        if today_done and session_done and (last_mode is not None or n >= MODE_SCAN_CAP):
+            break
+    return {
+        "cycles_today": cycles,
+        "cost_today_usd": round(cost, 6),
+        "cost_today_partial": partial,
+        "last_agent_mode": last_mode,
+        "session_started_at": started_at or None,
+    }
+
+
+# -- the parts of the snapshot -----------------------------------------------------------------
+
+
+def _current(fire: dict[str, Any] | None, cycle_state: dict[str, Any] | None, now: float) -> Current:
+    """The running fire, and its cycle from cycle-state.json when there is one."""
+    fire = fire or {}
+    started = parse_iso(fire.get("started_at"))
+    cur = Current(
+        pid=fire.get("pid"),
+        fire_id=fire.get("fire_id"),
+        fire_started_at=fire.get("started_at"),
+        fire_elapsed_s=None if started is None else round(now - started),
+        cycle=fire.get("cycle"),
+    )
+    if cycle_state:
+        written = parse_iso(cycle_state.get("written_at"))
+        cur = replace(
+            cur,
+            cycle=cycle_state.get("cycle", cur.cycle),
+            work_ref=cycle_state.get("work_ref"),
+            title=cycle_state.get("title"),
+            phase=cycle_state.get("phase"),
+            agent_elapsed_s=round(now - written) if cycle_state.get("phase") == "agent" and written is not None
+            else None,
+        )
+    return cur
+
+
+def _breaker(st: SessionState, cfg: Any, now: float) -> Breaker:
+    until = parse_iso(st.breaker_open_until)
+    if until is not None and until > now:
+        state = "open"
+    elif until is not None:
+        state = "half-open"
+    else:
+        state = "closed"
+    return Breaker(
+        state=state,
+        open_until=st.breaker_open_until,
+        eta_s=round(until - now) if state == "open" and until is not None else None,
+        consecutive_failures=st.consecutive_failures,
+        max_consecutive_failures=cfg.breaker.max_consecutive_failures,
+        cooldown_minutes=cfg.breaker.cooldown_minutes,
+    )
+
+
+def _session(record: Any, scan: Mapping[str, Any], now: float) -> Session | None:
+    if not isinstance(record, dict):
+        return None
+    t0 = parse_iso(scan["session_started_at"])
+    return Session(
+        record=dict(record),
+        last_mode=scan["last_agent_mode"],
+        started_at=scan["session_started_at"],
+        age_s=None if t0 is None else round(now - t0),
+    )
+
+
+def _halt(found: Mapping[str, Marker], ttl_s: float, now: float, tail: list[dict[str, Any]], acked: int
+          ) -> Halt | None:
+    """Whether the next fire would halt in Step 1, asked of :func:`evolve.cycle.halt.evaluate`.
+
+    No breaker is passed: an open breaker makes status *degraded*, not halted.
+    """
+    snap = step1.HaltSnapshot(
+        now=now, kill_ttl_s=ttl_s, global_kill=found["KILL(global)"], local_kill=found["KILL"],
+        stop=found["STOP"], dormant=found["DORMANT"], handoff=found["HANDOFF"],
+        ack_regression=found["ACK-REGRESSION"], ledger_tail=tail, ack_regression_cycle=acked,
+    )
+    decision = step1.evaluate(snap)
+    while decision.need is not None:
+        snap = replace(snap, **_NEED_ANSWERS[decision.need])
+        decision = step1.evaluate(snap)
+    if decision.halt in (step1.KILL, step1.USER_HALT):
+        name = "STOP" if decision.halt == step1.USER_HALT else "KILL(global)"
+        if decision.halt == step1.KILL and not found[name].fresh(ttl_s):
+            name = "KILL"
+        text = " ".join(found[name].content.strip()[:500].split())[:200]
+        return Halt(decision.halt, f"{name} present: {text}")
+    if decision.halt == step1.DORMANT:
+        return Halt(step1.DORMANT, "DORMANT present; cleared by the next fire once any work exists")
+    if decision.halt == step1.GOAL_REGRESSION:
+        return Halt(step1.GOAL_REGRESSION, decision.detail + "; write .agents/evolve/ACK-REGRESSION to go on")
+    return None if decision.halt is None else Halt(decision.halt, decision.detail)
+
+
+def _degraded(breaker: Breaker, last: dict[str, Any] | None, fire: dict[str, Any] | None, running: bool,
+              config_error: str | None) -> list[str]:
+    out: list[str] = []
+    if breaker.state == "open":
+        out.append(f"breaker open for {human_s(breaker.eta_s)} more")
+    if last and isinstance(last.get("result"), str) and last["result"] in FAILED_RESULTS:
+        cls = f" ({last['error_class']})" if last.get("error_class") else ""
+        out.append(f"last cycle {last.get('cycle')} {last.get('result')}{cls}")
+    if fire and not running:
+        out.append(f"fire pid {fire.get('pid')} died mid-fire; the next fire reconciles it")
+    if config_error:
+        out.append(f"config invalid (fires exit 78): {config_error}")
+    return out
+
+
+def _warnings(markers: Mapping[str, MarkerInfo], malformed: int, last: dict[str, Any] | None) -> list[str]:
+    out = [f"{name} is older than its TTL and ignored" for name, m in markers.items() if m.stale]
+    if malformed:
+        out.append(f"{malformed} malformed ledger line(s) near the end")
+    if last and last.get("error_class") == "limit":
+        out.append(f"rate limited at cycle {last.get('cycle')}; the next fire retries")
+    return out
+
+
+# -- reading it all --------------------------------------------------------------------------
+
+
+def read_snapshot(
+    paths: Paths,
+    *,
+    recent: int = 5,
+    env: Mapping[str, str] | None = None,
+    now: float | None = None,
+    probe_schedule: bool = True,
+    config: tuple[Any, str | None] | None = None,
+) -> StatusSnapshot:
+    """Everything ``evolve status`` shows; ``probe_schedule=False`` skips the daemon/systemd lookup.
+
+    ``config`` is :func:`load_config`'s answer when the caller has it already (the report needs it too).
+    """
+    env = os.environ if env is None else env
+    now = time.time() if now is None else now
+    cfg, config_error = load_config(paths, env) if config is None else config
+    ledger = Ledger(paths.ledger)
+    tail = ledger.tail(max(recent, 20))
+    st = load_readonly(paths.state, ledger)
+    # The typed records, as the JSON objects the snapshot reports.
+    records = (st.agent_session, st.claimed_work, st.fire)
+    session, claimed, fire = (r.to_json() if r is not None else None for r in records)
+    running = _lock_held(paths)
+    ttl_s = cfg.halt.kill_ttl_days * 86400
+    found = _read_markers(paths, now)
+    markers = _marker_infos(found, ttl_s)
+    cycle_state = read_json(paths.cycle_state)
+    cycle_state = cycle_state if isinstance(cycle_state, dict) else None
+    scan = _scan_back(ledger, now, session)
+    breaker = _breaker(st, cfg, now)
+    halt = _halt(found, ttl_s, now, tail.entries, st.ack_regression_cycle)
+    last = tail.entries[-1] if tail.entries else None
+    degraded = _degraded(breaker, last, fire, running, config_error)
+    health = HALTED if halt else DEGRADED if degraded else HEALTHY
+    return StatusSnapshot(
+        repo=str(paths.repo),
+        health=health,
+        exit_code=EXIT_FOR[health],
+        reasons=tuple(([f"{halt.reason}: {halt.detail}"] if halt else []) + degraded),
+        halt=halt,
+        running=running,
+        pid=(fire or {}).get("pid") if running else None,
+        current=_current(fire, cycle_state, now) if running else None,
+        fire=fire,
+        active_cycle=cycle_state,
+        claimed_work=claimed,
+        last_logged_cycle=ledger.last_cycle(),
+        last_result=st.last_result,
+        context_streak=st.context_streak,
+        context_streak_limit=cfg.context.streak_limit,
+        parked_work=st.parked_work,
+        idle_streak=st.idle_streak,
+        consecutive_failures=st.consecutive_failures,
+        breaker_open_until=st.breaker_open_until,
+        breaker=breaker,
+        agent_session=_session(session, scan, now),
+        markers=markers,
+        next_fire=next_fire(paths, now) if probe_schedule else None,
+        cycles_today=scan["cycles_today"],
+        cost_today_usd=scan["cost_today_usd"],
+        cost_today_partial=scan["cost_today_partial"],
+        autocompact=autocompact_info(paths.repo, env),
+        recent=tail.entries[-recent:] if recent > 0 else [],
+        malformed_lines_seen=tail.malformed,
+        warnings=tuple(_warnings(markers, tail.malformed, last)),
+        config_error=config_error,
+        generated_at=utc_iso(now),
+    )
+
+
+def status(
+    paths: Paths,
+    *,
+    recent: int = 5,
+    env: Mapping[str, str] | None = None,
+    now: float | None = None,
+    probe_schedule: bool = True,
+) -> dict[str, Any]:
+    """The JSON form of :func:`read_snapshot` (``evolve status --json``; the text view renders it too)."""
+    return read_snapshot(paths, recent=recent, env=env, now=now, probe_schedule=probe_schedule).as_json()
