@@ -14,6 +14,7 @@ import contextlib
 import datetime as dt
 import logging
 import os
+import random
 import signal
 import sys
 import threading
@@ -36,13 +37,11 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.jobstores.memory import MemoryJobStore
 from apscheduler.schedulers.blocking import BlockingScheduler
 from apscheduler.triggers.base import BaseTrigger
-from apscheduler.triggers.combining import OrTrigger
-from apscheduler.triggers.cron import CronTrigger
 
 from evolve import config, exitcodes, sdnotify
 from evolve import log as logmod
 from evolve.agent.process import group_alive
-from evolve.cronexpr import CronSpec, apscheduler_fields, max_interval_s, next_times
+from evolve.cronexpr import CronSpec, max_interval_s, next_times
 from evolve.cycle.fire import Fire, FireOptions
 from evolve.notify import observers_for
 from evolve.paths import Paths
@@ -66,40 +65,32 @@ class RepoJob:
     jitter_s: int
     last: str = ""
 
-    def trigger(self) -> Any:
-        jitter = self.jitter_s or None
-        if not has_dst(self.timezone):
-            fields = apscheduler_fields(self.spec)
-            if len(fields) == 1:
-                return CronTrigger(timezone=self.timezone, jitter=jitter, **fields[0])
-            # Cron's day-of-month OR weekday rule: the union of two triggers.
-            return OrTrigger([CronTrigger(timezone=self.timezone, **kw) for kw in fields], jitter=jitter)
-        # APScheduler 3.x's CronTrigger skips days around a DST change (#606; e.g. Berlin midnight on
-        # 2026-03-30, and the first of April for a monthly job): zones with DST use cron's own calendar.
-        return SpecTrigger(self.spec, self.timezone, jitter)
+    def trigger(self) -> SpecTrigger:
+        return SpecTrigger(self.spec, self.timezone, self.jitter_s)
 
     def misfire_grace_s(self) -> int:
         """At least one interval: after any pause the latest missed run is still inside it, so it runs (coalesced)."""
         return int(max_interval_s(self.spec, self.timezone)) + self.jitter_s + 1
 
 
-def has_dst(timezone: str) -> bool:
-    """Whether the zone's UTC offset changes within the next two years."""
-    tz = ZoneInfo(timezone)
-    now = dt.datetime.now(dt.UTC)
-    offsets = {(now + dt.timedelta(days=d)).astimezone(tz).utcoffset() for d in range(0, 731, 15)}
-    return len(offsets) > 1
-
-
 class SpecTrigger(BaseTrigger):
-    """CronTrigger's contract on :func:`evolve.cronexpr.next_times` (the calendar checked against systemd)."""
+    """An APScheduler trigger on :func:`evolve.cronexpr.next_times`, the calendar checked against systemd.
 
-    def __init__(self, spec: CronSpec, timezone: str, jitter: int | None = None) -> None:
+    One calendar for every zone: APScheduler 3.x's own ``CronTrigger`` skips days around a DST change
+    (#606; e.g. Berlin midnight on 2026-03-30), and cron's day-of-month OR weekday rule and Sunday-is-0
+    weekdays come for free instead of being translated.
+    """
+
+    __slots__ = ("jitter_s", "spec", "timezone")
+
+    def __init__(self, spec: CronSpec, timezone: str, jitter_s: int = 0) -> None:
         self.spec = spec
         self.timezone = ZoneInfo(timezone)
-        self.jitter = jitter
+        self.jitter_s = jitter_s
 
     def get_next_fire_time(self, previous_fire_time: dt.datetime | None, now: dt.datetime) -> dt.datetime | None:
+        # APScheduler's CronTrigger rule: search from just past the previous fire, or from now if the
+        # clock has gone back before it.
         start = now
         if previous_fire_time is not None:
             start = min(now, previous_fire_time + dt.timedelta(microseconds=1))
@@ -107,10 +98,18 @@ class SpecTrigger(BaseTrigger):
                 start += dt.timedelta(microseconds=1)
         # next_times is strictly after; fire times are whole seconds, so this is "at or after start".
         found = next_times(self.spec, start.astimezone(self.timezone) - dt.timedelta(microseconds=1), 1)
-        return self._apply_jitter(found[0], self.jitter, now) if found else None
+        if not found:
+            return None
+        if not self.jitter_s:
+            return found[0]
+        # Spread a fleet's fires (schedule.jitter_s): a uniform delay of up to jitter_s seconds.
+        return found[0] + dt.timedelta(seconds=random.uniform(0, self.jitter_s))
 
     def __str__(self) -> str:
         return f"cron[{self.spec.expr} {self.timezone.key}]"
+
+    def __repr__(self) -> str:
+        return f"<SpecTrigger {self.spec.expr!r} {self.timezone.key} jitter_s={self.jitter_s}>"
 
 
 class _Scheduler(BlockingScheduler):
