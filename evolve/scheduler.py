@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from typing import Any
 from zoneinfo import ZoneInfo
 
-import orjson
 from apscheduler.events import (
     EVENT_JOB_ERROR,
     EVENT_JOB_MAX_INSTANCES,
@@ -52,6 +51,8 @@ from evolve.cycle.fire import Fire, FireOptions
 from evolve.notify import observers_for
 from evolve.paths import Paths
 from evolve.status import publish_daemon
+from evolve.store import session_state
+from evolve.store.ledger import Ledger
 
 SIGNAL_EXIT = {signal.SIGTERM: exitcodes.SIGTERM, signal.SIGINT: exitcodes.SIGINT}
 AFTER_KILL_S = 3.0  # after KILLing a late fire's agent: time for the fire to record `interrupted`
@@ -392,9 +393,11 @@ class Daemon:
         return code
 
     def _agent_pgid(self, job: RepoJob) -> int | None:
+        """The agent group of this daemon's own fire on ``job``, from the session state, if still alive."""
         try:
-            fire = orjson.loads(job.paths.state.read_bytes()).get("fire") or {}
-        except (OSError, orjson.JSONDecodeError, AttributeError):
+            # Read-only: a corrupt file is left for the fire (or the next one) to move aside.
+            fire = session_state.load_readonly(job.paths.state, Ledger(job.paths.ledger)).fire or {}
+        except (OSError, ValueError):  # unreadable: nothing to KILL; the next fire reconciles this one
             return None
         pgid = fire.get("agent_pgid")
         if isinstance(pgid, int) and fire.get("pid") == os.getpid() and group_alive(pgid):
