@@ -4,8 +4,9 @@ Starts ``python -m evolve --repo R daemon`` the way the systemd unit does (``Typ
 ``WatchdogSec=60``: a ``$NOTIFY_SOCKET`` this script reads, ``WATCHDOG_USEC=60000000``) on a git
 repository whose ``schedule.cron`` is not due during the window, waits for READY=1, then samples
 ``/proc/<pid>`` for ``--minutes`` (default 10): CPU time (every thread's, from ``schedstat`` in ns,
-plus any waited-for children), RSS, threads and context switches. Prints CPU as seconds and as a percentage of one core,
-and what the daemon sent to systemd. Exits 1 when the daemon dies, fires, or does not get READY.
+plus any waited-for children), RSS, threads and context switches (every thread's). Prints CPU as
+seconds and as a percentage of one core, and what the daemon sent to systemd. Exits 1 when the
+daemon dies, fires, or does not get READY.
 
     python bench/daemon_idle.py [--minutes 10]
 """
@@ -39,11 +40,22 @@ def cpu_s(pid: int) -> float:
 
 
 def status(pid: int) -> dict[str, int]:
+    """Memory and threads of the process; context switches summed over its threads (the daemon has several)."""
     out = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM", "Threads", "voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
+        if key in ("VmRSS", "VmHWM", "Threads"):
             out[key] = int(value.split()[0])
+    out["voluntary_ctxt_switches"] = out["nonvoluntary_ctxt_switches"] = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            lines = (task / "status").read_text().splitlines()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread that just ended
+        for line in lines:
+            key, _, value = line.partition(":")
+            if key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
+                out[key] += int(value.split()[0])
     return out
 
 

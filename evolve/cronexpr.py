@@ -1,10 +1,10 @@
 """Cron expressions, parsed once and rendered for every trigger, so the daemon, systemd and cron agree.
 
 Pure: no I/O. A 5-field expression (minute hour day month weekday) or 6 with seconds first, or one
-of the ``@hourly``-style macros. Weekday numbers follow cron (0 and 7 are Sunday), not APScheduler
-3.x (where 0 is Monday), so the same expression means the same days everywhere. When both the day
+of the ``@hourly``-style macros. Weekday numbers follow cron (0 and 7 are Sunday). When both the day
 of month and the weekday are restricted, cron fires when *either* matches (Vixie cron: a field is
-unrestricted when it starts with ``*``); both renderings below keep that.
+unrestricted when it starts with ``*``). The daemon's trigger computes its fire times with
+:func:`next_times` itself; systemd and cron get renderings below that keep the same rules.
 """
 
 from __future__ import annotations
@@ -217,28 +217,6 @@ def to_oncalendar(spec: CronSpec, timezone: str = "UTC") -> list[str]:
         ]
     prefix = "" if all_weekdays else _sd_weekdays(spec.weekdays) + " "
     return [f"{prefix}*-{months}-{days} {clock}{zone}"]
-
-
-def _list(values: tuple[int, ...], low: int, high: int) -> str:
-    return "*" if values == tuple(range(low, high + 1)) else ",".join(str(v) for v in values)
-
-
-def apscheduler_fields(spec: CronSpec) -> list[dict[str, str]]:
-    """``CronTrigger`` keyword arguments (one set, or two to OR together).
-
-    Explicit value lists and weekday names, so APScheduler 3.x's Monday-is-0 numbering never applies.
-    """
-    common = {
-        "second": _list(spec.seconds, 0, 59),
-        "minute": _list(spec.minutes, 0, 59),
-        "hour": _list(spec.hours, 0, 23),
-        "month": _list(spec.months, 1, 12),
-    }
-    days = _list(spec.days, 1, 31)
-    weekdays = "*" if len(spec.weekdays) == 7 else ",".join(DAYS[d] for d in spec.weekdays)
-    if spec.either_day:
-        return [{**common, "day": days}, {**common, "day_of_week": weekdays}]
-    return [{**common, "day": days, "day_of_week": weekdays}]
 
 
 def crontab_schedule(spec: CronSpec) -> str:

@@ -2,10 +2,14 @@
 
 Each job is one :class:`~evolve.cycle.fire.Fire`, the same code and the same kernel lock as
 ``evolve fire``, so a daemon and a cron line on one repo never overlap. SIGTERM/SIGINT are handled
-in the main thread, which is also the scheduler's loop: the handler stops claiming and tells every
-running fire to interrupt its agent's group; the loop then shuts the scheduler down without waiting,
-and the main thread waits a bounded grace for the fires to record ``interrupted``. Nothing ever calls
-``shutdown(wait=True)`` (no timeout, and fatal from a job thread).
+in the main thread, which is also the scheduler's loop: the handler only sets flags (stop claiming;
+every running fire interrupts its agent's group). The daemon's ticker thread, which also sends
+READY, WATCHDOG and STATUS, sees the flag and shuts the scheduler down without waiting; the loop
+returns and the main thread waits a bounded grace for the fires to record ``interrupted``. Nothing
+ever calls ``shutdown(wait=True)`` (no timeout, and fatal from a job thread).
+
+Only APScheduler 3.x's public API: a :class:`BaseTrigger` subclass, job options, event listeners,
+``remove_all_jobs`` and ``shutdown(wait=False)``.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import contextlib
 import datetime as dt
 import logging
 import os
+import random
 import signal
 import sys
 import threading
@@ -24,35 +29,33 @@ from dataclasses import dataclass, field
 from typing import Any
 from zoneinfo import ZoneInfo
 
-import orjson
 from apscheduler.events import (
     EVENT_JOB_ERROR,
     EVENT_JOB_MAX_INSTANCES,
     EVENT_JOB_MISSED,
     EVENT_JOB_SUBMITTED,
+    EVENT_SCHEDULER_STARTED,
     JobEvent,
+    SchedulerEvent,
 )
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.jobstores.memory import MemoryJobStore
 from apscheduler.schedulers.blocking import BlockingScheduler
 from apscheduler.triggers.base import BaseTrigger
-from apscheduler.triggers.combining import OrTrigger
-from apscheduler.triggers.cron import CronTrigger
 
 from evolve import config, exitcodes, sdnotify
 from evolve import log as logmod
-from evolve.cronexpr import CronSpec, apscheduler_fields, max_interval_s, next_times
+from evolve.cronexpr import CronSpec, max_interval_s, next_times
 from evolve.cycle.fire import Fire, FireOptions
 from evolve.notify import observers_for
 from evolve.paths import Paths
 from evolve.procgroup import group_alive
 from evolve.status import publish_daemon
+from evolve.store import session_state
+from evolve.store.ledger import Ledger
 
 SIGNAL_EXIT = {signal.SIGTERM: exitcodes.SIGTERM, signal.SIGINT: exitcodes.SIGINT}
 AFTER_KILL_S = 3.0  # after KILLing a late fire's agent: time for the fire to record `interrupted`
-# The loop wakes at least this often, so a signal is acted on promptly even with the next fire hours
-# away: a handler must not wake it itself (it could interrupt the loop while it holds that very lock).
-POLL_S = 0.5
 
 
 @dataclass
@@ -66,40 +69,32 @@ class RepoJob:
     jitter_s: int
     last: str = ""
 
-    def trigger(self) -> Any:
-        jitter = self.jitter_s or None
-        if not has_dst(self.timezone):
-            fields = apscheduler_fields(self.spec)
-            if len(fields) == 1:
-                return CronTrigger(timezone=self.timezone, jitter=jitter, **fields[0])
-            # Cron's day-of-month OR weekday rule: the union of two triggers.
-            return OrTrigger([CronTrigger(timezone=self.timezone, **kw) for kw in fields], jitter=jitter)
-        # APScheduler 3.x's CronTrigger skips days around a DST change (#606; e.g. Berlin midnight on
-        # 2026-03-30, and the first of April for a monthly job): zones with DST use cron's own calendar.
-        return SpecTrigger(self.spec, self.timezone, jitter)
+    def trigger(self) -> SpecTrigger:
+        return SpecTrigger(self.spec, self.timezone, self.jitter_s)
 
     def misfire_grace_s(self) -> int:
         """At least one interval: after any pause the latest missed run is still inside it, so it runs (coalesced)."""
         return int(max_interval_s(self.spec, self.timezone)) + self.jitter_s + 1
 
 
-def has_dst(timezone: str) -> bool:
-    """Whether the zone's UTC offset changes within the next two years."""
-    tz = ZoneInfo(timezone)
-    now = dt.datetime.now(dt.UTC)
-    offsets = {(now + dt.timedelta(days=d)).astimezone(tz).utcoffset() for d in range(0, 731, 15)}
-    return len(offsets) > 1
-
-
 class SpecTrigger(BaseTrigger):
-    """CronTrigger's contract on :func:`evolve.cronexpr.next_times` (the calendar checked against systemd)."""
+    """An APScheduler trigger on :func:`evolve.cronexpr.next_times`, the calendar checked against systemd.
 
-    def __init__(self, spec: CronSpec, timezone: str, jitter: int | None = None) -> None:
+    One calendar for every zone: APScheduler 3.x's own ``CronTrigger`` skips days around a DST change
+    (#606; e.g. Berlin midnight on 2026-03-30), and cron's day-of-month OR weekday rule and Sunday-is-0
+    weekdays come for free instead of being translated.
+    """
+
+    __slots__ = ("jitter_s", "spec", "timezone")
+
+    def __init__(self, spec: CronSpec, timezone: str, jitter_s: int = 0) -> None:
         self.spec = spec
         self.timezone = ZoneInfo(timezone)
-        self.jitter = jitter
+        self.jitter_s = jitter_s
 
     def get_next_fire_time(self, previous_fire_time: dt.datetime | None, now: dt.datetime) -> dt.datetime | None:
+        # APScheduler's CronTrigger rule: search from just past the previous fire, or from now if the
+        # clock has gone back before it.
         start = now
         if previous_fire_time is not None:
             start = min(now, previous_fire_time + dt.timedelta(microseconds=1))
@@ -107,31 +102,18 @@ class SpecTrigger(BaseTrigger):
                 start += dt.timedelta(microseconds=1)
         # next_times is strictly after; fire times are whole seconds, so this is "at or after start".
         found = next_times(self.spec, start.astimezone(self.timezone) - dt.timedelta(microseconds=1), 1)
-        return self._apply_jitter(found[0], self.jitter, now) if found else None
+        if not found:
+            return None
+        if not self.jitter_s:
+            return found[0]
+        # Spread a fleet's fires (schedule.jitter_s): a uniform delay of up to jitter_s seconds.
+        return found[0] + dt.timedelta(seconds=random.uniform(0, self.jitter_s))
 
     def __str__(self) -> str:
         return f"cron[{self.spec.expr} {self.timezone.key}]"
 
-
-class _Scheduler(BlockingScheduler):
-    """A BlockingScheduler whose loop (the main thread) also drains and pings the watchdog.
-
-    ``_process_jobs`` is the one hook that runs on the scheduler's own thread after every wake-up;
-    pinging from there means a stuck loop stops the pings and systemd's watchdog notices.
-    """
-
-    def __init__(self, daemon: Daemon, **kw: Any) -> None:
-        super().__init__(**kw)
-        self._daemon = daemon
-
-    def _process_jobs(self) -> float | None:
-        if self._daemon.draining.is_set():
-            self._daemon.stopping()
-            self.shutdown(wait=False)  # from the loop's own thread; running fires are not waited for here
-            return None
-        wait = super()._process_jobs()
-        every = min(self._daemon.tick() or POLL_S, POLL_S)
-        return every if wait is None else min(wait, every)
+    def __repr__(self) -> str:
+        return f"<SpecTrigger {self.spec.expr!r} {self.timezone.key} jitter_s={self.jitter_s}>"
 
 
 @dataclass
@@ -153,16 +135,15 @@ class Daemon:
         self._running: set[str] = set()
         self._idle = threading.Condition()
         self._ready_sent = False
-        self._last_ping = 0.0
-        self._sched: _Scheduler | None = None
+        self._ticker_error: BaseException | None = None
+        self._sched: BlockingScheduler | None = None
 
     # -- start ------------------------------------------------------------------------------
 
-    def build(self) -> _Scheduler:
+    def build(self) -> BlockingScheduler:
         first_tz = self.jobs[0].timezone if self.jobs else "UTC"
         grace = {j.name: j.misfire_grace_s() for j in self.jobs}
-        sched = _Scheduler(
-            self,
+        sched = BlockingScheduler(
             timezone=first_tz,
             jobstores={"default": MemoryJobStore()},  # rebuilt from config at every start: never shared
             executors={"default": ThreadPoolExecutor(max_workers=max(1, len(self.jobs)))},
@@ -181,6 +162,7 @@ class Daemon:
         sched.add_listener(
             self._on_event, EVENT_JOB_MISSED | EVENT_JOB_ERROR | EVENT_JOB_MAX_INSTANCES | EVENT_JOB_SUBMITTED
         )
+        sched.add_listener(self._on_started, EVENT_SCHEDULER_STARTED)
         self.log.info(
             "daemon.start",
             pid=os.getpid(),
@@ -201,7 +183,9 @@ class Daemon:
             logging.getLogger("apscheduler").setLevel(logging.DEBUG)
         self._sched = self.build()
         with self._signals():
-            self._sched.start()  # returns once the loop has shut the scheduler down
+            self._sched.start()  # returns once the ticker has shut the scheduler down
+            if self._ticker_error is not None:
+                raise self._ticker_error  # as an error in the loop itself would
             return self._drain()
 
     @contextlib.contextmanager
@@ -224,30 +208,63 @@ class Daemon:
         self.stop.set()  # running fires TERM their agent's process group (KILL after a grace), record `interrupted`
 
     def stopping(self) -> None:
-        """The loop noticed the signal: say so (the handler itself must not write logs)."""
+        """The ticker noticed the signal: say so (the handler itself must not write logs)."""
         name = signal.Signals(self.signum or signal.SIGTERM).name
         self.log.info("daemon.signal", signal=name, action="drain", running=sorted(self._running))
         self.notifier.stopping(f"stopping on {name}: {len(self._running)} fire(s) finishing")
 
-    # -- the loop's tick (main thread) ------------------------------------------------------
+    # -- the ticker (its own thread) ----------------------------------------------------------
 
-    def tick(self) -> float | None:
-        """READY once, then WATCHDOG and STATUS; returns how soon the loop must run again."""
-        if not self._ready_sent:
-            self._ready_sent = True
-            self.notifier.ready(self.status_line())
-            for job in self.jobs:
-                self.publish(job)
-            self.log.info("daemon.ready", notify=self.notifier.enabled)
-        if not self.notifier.enabled:
-            return None
-        every = self.notifier.watchdog_interval_s
-        now = time.monotonic()
-        if every and now - self._last_ping >= every * 0.9:  # the loop may pass more often than needed
-            self._last_ping = now
-            self.notifier.watchdog()
-        self.notifier.status(self.status_line())
-        return every
+    def _on_started(self, _event: SchedulerEvent) -> None:
+        """The scheduler is running and its jobs have their next run times: start the ticker."""
+        threading.Thread(target=self._ticker, args=(self._sched,), name="evolve-daemon-ticker", daemon=True).start()
+
+    def _ticker(self, sched: BlockingScheduler) -> None:
+        """READY, then WATCHDOG and STATUS every watchdog interval; on a signal, stop the scheduler.
+
+        It sleeps on ``draining``, which the signal handler sets and no code of the main thread ever
+        waits on, so a signal is acted on at once and an idle daemon does not wake in between. The
+        handler cannot stop the scheduler itself: ``shutdown`` wakes the loop through a lock the main
+        thread may be holding at that very moment.
+        """
+        try:
+            if not self.draining.is_set():
+                self.ready()
+                # No watchdog: nothing to do until the signal (STATUS follows the events, see refresh_status).
+                every = self.notifier.watchdog_interval_s if self.notifier.enabled else None
+                while not self.draining.wait(every):
+                    self.tick()
+            self.stopping()
+        except BaseException as exc:  # re-raised by run() on the main thread
+            self._ticker_error = exc
+        finally:
+            # The loop makes one more pass after shutdown: with the jobs gone it hands nothing to the
+            # stopped executor (which would refuse it with an error).
+            sched.remove_all_jobs()
+            sched.shutdown(wait=False)  # running fires are waited for by _drain, within the grace
+
+    def ready(self) -> None:
+        self.notifier.ready(self.status_line())
+        for job in self.jobs:
+            self.publish(job)
+        self._ready_sent = True
+        self.log.info("daemon.ready", notify=self.notifier.enabled)
+
+    def tick(self) -> None:
+        """WATCHDOG and STATUS.
+
+        The status line reads the jobs under the scheduler's job-store lock, which its loop holds while
+        it works through due jobs: a loop stuck there blocks this thread, the pings stop, and systemd's
+        watchdog restarts the daemon.
+        """
+        line = self.status_line()
+        self.notifier.watchdog()
+        self.notifier.status(line)
+
+    def refresh_status(self) -> None:
+        """STATUS right when a count or the next fire changes (sent only when the line changed)."""
+        if self._ready_sent and self.notifier.enabled:
+            self.notifier.status(self.status_line())
 
     def publish(self, job: RepoJob) -> None:
         """Tell ``evolve status`` when this repo's next fire is (best effort: status only reads it)."""
@@ -287,6 +304,7 @@ class Daemon:
         with self._idle:
             self._running.add(job.name)
         self._count("fires")
+        self.refresh_status()
         logmod.bind(daemon_job=job.name)
         started = time.monotonic()
         try:
@@ -316,13 +334,13 @@ class Daemon:
             self.counts[kind] += 1
 
     def _on_event(self, event: JobEvent) -> None:
+        """Log and count scheduler events (on the loop's thread, or a job's for missed and error)."""
+        run_time = getattr(event, "scheduled_run_time", None)
+        when = run_time.astimezone(dt.UTC).isoformat() if run_time else None
         if event.code == EVENT_JOB_SUBMITTED:
             times = [t.astimezone(dt.UTC).isoformat() for t in getattr(event, "scheduled_run_times", [])]
             self.log.info("daemon.job_submitted", job=event.job_id, scheduled=times)
-            return
-        run_time = getattr(event, "scheduled_run_time", None)
-        when = run_time.astimezone(dt.UTC).isoformat() if run_time else None
-        if event.code == EVENT_JOB_MISSED:
+        elif event.code == EVENT_JOB_MISSED:
             self._count("missed")
             self.log.warning("daemon.job_missed", job=event.job_id, scheduled=when)
         elif event.code == EVENT_JOB_MAX_INSTANCES:
@@ -336,6 +354,7 @@ class Daemon:
             for job in self.jobs:
                 if job.name == event.job_id:
                     job.last = f"{job.name} error {type(exc).__name__}"
+        self.refresh_status()  # submitted and max_instances moved the next fire; the others changed a count
 
     # -- shutdown (main thread) --------------------------------------------------------------
 
@@ -374,11 +393,13 @@ class Daemon:
         return code
 
     def _agent_pgid(self, job: RepoJob) -> int | None:
+        """The agent group of this daemon's own fire on ``job``, from the session state, if still alive."""
         try:
-            fire = orjson.loads(job.paths.state.read_bytes()).get("fire") or {}
-        except (OSError, orjson.JSONDecodeError, AttributeError):
+            # Read-only: a corrupt file is left for the fire (or the next one) to move aside.
+            fire = session_state.load_readonly(job.paths.state, Ledger(job.paths.ledger)).fire
+        except (OSError, ValueError):  # unreadable: nothing to KILL; the next fire reconciles this one
             return None
-        pgid = fire.get("agent_pgid")
-        if isinstance(pgid, int) and fire.get("pid") == os.getpid() and group_alive(pgid):
+        pgid = fire.agent_pgid if fire is not None else None
+        if pgid is not None and fire is not None and fire.pid == os.getpid() and group_alive(pgid):
             return pgid
         return None

@@ -138,31 +138,43 @@ def test_cron_to_oncalendar_agrees_with_systemd_calendar_and_apscheduler(row: tu
     assert len(ours) == n
     # systemd computes the union of the OnCalendar= lines a timer would carry.
     assert systemd_calendar(oncalendar, base, n) == ours, oncalendar
-    # The daemon's trigger (APScheduler 3.x, weekday names so its Monday-is-0 numbering never applies).
+    # The daemon's trigger (an APScheduler 3.x trigger on the same calendar, in every zone).
     assert apscheduler_times(expr, tz, base, n) == ours
 
 
-def test_zones_with_dst_avoid_crontrigger_which_skips_days() -> None:
-    """Why the daemon does not use APScheduler's CronTrigger in a zone with DST (APScheduler #606)."""
-    from apscheduler.triggers.cron import CronTrigger
+def test_daemon_trigger_keeps_every_day_across_dst_in_every_zone() -> None:
+    """One trigger for every zone, on cron's own calendar: no day skipped around a DST change.
 
-    from evolve.scheduler import SpecTrigger, has_dst
+    APScheduler 3.x's CronTrigger skips Berlin midnight on 2026-03-30 (APScheduler #606).
+    """
+    from evolve.paths import Paths
+    from evolve.scheduler import RepoJob, SpecTrigger
 
-    assert has_dst("Europe/Berlin") and not has_dst("UTC") and not has_dst("Asia/Kolkata")
-    base = dt.datetime(2026, 3, 27, 12, tzinfo=dt.UTC)
-    spring = [dt.datetime(2026, 3, d, 0, tzinfo=cronexpr.ZoneInfo("Europe/Berlin")) for d in (28, 29, 30, 31)]
+    def trigger(expr: str, tz: str, jitter_s: int = 0) -> SpecTrigger:
+        t = RepoJob("t", Paths.for_repo(ROOT), cronexpr.parse(expr), tz, jitter_s).trigger()
+        assert isinstance(t, SpecTrigger)  # the same engine with or without DST
+        return t
 
-    def run(trigger) -> list[dt.datetime]:
+    def run(trig: SpecTrigger, base: dt.datetime, n: int = 4) -> list[dt.datetime]:
         out, prev, now = [], None, base
-        for _ in range(4):
-            prev = trigger.get_next_fire_time(prev, now)
+        for _ in range(n):
+            prev = trig.get_next_fire_time(prev, now)
             now = prev + dt.timedelta(microseconds=1)
             out.append(prev)
         return out
 
-    stock = run(CronTrigger(timezone="Europe/Berlin", second="0", minute="0", hour="0"))
-    assert stock != spring, "APScheduler's CronTrigger no longer skips 2026-03-30: it could serve DST zones again"
-    assert run(SpecTrigger(cronexpr.parse("0 0 * * *"), "Europe/Berlin")) == spring
+    base = dt.datetime(2026, 3, 27, 12, tzinfo=dt.UTC)
+    berlin = cronexpr.ZoneInfo("Europe/Berlin")
+    spring = [dt.datetime(2026, 3, d, 0, tzinfo=berlin) for d in (28, 29, 30, 31)]
+    assert run(trigger("0 0 * * *", "Europe/Berlin"), base) == spring
+    utc = [dt.datetime(2026, 3, d, 0, tzinfo=dt.UTC) for d in (28, 29, 30, 31)]
+    assert run(trigger("0 0 * * *", "UTC"), base) == utc
+    # A monthly job on the first keeps April too.
+    monthly = run(trigger("0 0 1 * *", "Europe/Berlin"), base, 2)
+    assert monthly == [dt.datetime(2026, 4, 1, tzinfo=berlin), dt.datetime(2026, 5, 1, tzinfo=berlin)]
+    # Jitter (schedule.jitter_s) delays each fire by up to that many seconds, never earlier.
+    for got, want in zip(run(trigger("0 0 * * *", "Europe/Berlin", 30), base), spring, strict=True):
+        assert want <= got <= want + dt.timedelta(seconds=30)
 
 
 def test_oncalendar_renderings_read_well() -> None:
