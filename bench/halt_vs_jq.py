@@ -6,7 +6,7 @@ last lines and the markers, then times in one run:
 
 * ``bash bench/halt_check.sh --json``: a plain bash + jq implementation of the documented halt check
   (spec notes §3); it reads the whole ledger with one jq pass;
-* evolve's Step 1 in-process: ``Fire._step1(now, apply=False)`` after loading session-state, as a
+* evolve's Step 1 in-process: ``step1.run(fire.ctx, now, apply=False)`` after loading session-state, as a
   fire does before its first cycle (the cost evolve adds to a fire);
 * evolve's Step 1 as a process: ``python -c`` that imports evolve and runs the same (what a cron
   job would pay to ask evolve instead of bash whether to halt);
@@ -138,6 +138,7 @@ STEP1_PROC = (
     "import sys, time\n"
     "from pathlib import Path\n"
     "from evolve import config, log\n"
+    "from evolve.cycle import step1\n"
     "from evolve.cycle.fire import Fire, FireOptions\n"
     "from evolve.paths import Paths\n"
     "from evolve.store import session_state\n"
@@ -145,7 +146,7 @@ STEP1_PROC = (
     "paths = Paths.for_repo(Path(sys.argv[1]))\n"
     "fire = Fire(paths, config.load(paths.config, {}), FireOptions(dry_run=True))\n"
     "fire.state = session_state.load_readonly(paths.state, fire.ledger)\n"
-    "d = fire._step1(time.time(), apply=False)\n"
+    "d = step1.run(fire.ctx, time.time(), apply=False)\n"
     "print(d.halt or ('restorative' if d.restorative else ''))\n"
 )
 
@@ -154,8 +155,9 @@ _DEVNULL = open(os.devnull, "wb")  # noqa: SIM115  (the log sink for the in-proc
 
 
 def evolve_step1(r: Repo):
-    """A ready-to-call Step 1 like a fire's: state loaded, then ``_step1(apply=False)``."""
+    """A ready-to-call Step 1 like a fire's: state loaded, then ``step1.run(apply=False)``."""
     from evolve import config, log
+    from evolve.cycle import step1
     from evolve.cycle.fire import Fire, FireOptions
     from evolve.paths import Paths
     from evolve.store import session_state
@@ -166,7 +168,7 @@ def evolve_step1(r: Repo):
     def step() -> str | None:
         fire = Fire(paths, config.load(paths.config, {}), FireOptions(dry_run=True), env=env())
         fire.state = session_state.load_readonly(paths.state, fire.ledger)
-        d = fire._step1(time.time(), apply=False)
+        d = step1.run(fire.ctx, time.time(), apply=False)
         return d.halt or ("restorative" if d.restorative else None)
 
     return step

@@ -1,8 +1,11 @@
-"""One fire (SPEC §4): lock, reconcile, Step 1, cycles, the context budget, and the stops.
+"""One fire (docs/DESIGN.md §4): lock, recovery, Step 1, cycles, the context budget, and the stops.
 
-This is the imperative shell: it reads files, runs processes and writes the effects of the pure
-decisions in :mod:`halt`, :mod:`budget`, :mod:`reconcile`, :mod:`entry` and
-:mod:`evolve.agent.session`.
+This is the imperative shell's loop: it reads, runs and writes; every decision is a pure function
+elsewhere — Step 1 in :mod:`~evolve.cycle.halt`, selection in :mod:`~evolve.work.ladder`, the
+session and the prompt in :mod:`~evolve.harness.plan`, retries in :mod:`~evolve.agent.retry`, the
+gate's verdict in :mod:`~evolve.cycle.gate`, and everything after a cycle in
+:func:`~evolve.cycle.transition.after_cycle`. The shell pieces that run no agent (recovery, Step 1,
+idle and side cycles, scout dispositions) share a :class:`~evolve.cycle.context.FireContext`.
 """
 
 from __future__ import annotations
@@ -27,33 +30,31 @@ from evolve.agent.invocation import Invocation
 from evolve.agent.report import AgentReport
 from evolve.agent.runners import Runner, make_runner
 from evolve.config import Config
-from evolve.cycle import budget, halt, transition
-from evolve.cycle import reconcile as recon
+from evolve.cycle import budget, halt, recovery, scout, side, transition
+from evolve.cycle import step1 as step1_shell
+from evolve.cycle.context import FireContext, Observer
 from evolve.cycle.entry import agent_fields, base_entry
 from evolve.cycle.gate import Gate
 from evolve.cycle.handoff import handoff_text, milestone
 from evolve.cycle.select import Selector
-from evolve.cycle.transition import ClaimAction
 from evolve.harness import handoff as handoffs
 from evolve.harness import hooks as harness_hooks
 from evolve.harness import plan as plans
 from evolve.paths import Paths
-from evolve.procgroup import FIRE_TAG, Limits, group_alive, kill_group, run_group, tagged_groups
+from evolve.procgroup import FIRE_TAG
 from evolve.results import CycleResult
 from evolve.secrets import redact, secret_values
 from evolve.store import session_state
-from evolve.store.atomic import atomic_write_bytes, sweep_temps, write_json
-from evolve.store.jsonl import append_bytes
+from evolve.store.atomic import atomic_write_bytes, write_json
 from evolve.store.ledger import Ledger
 from evolve.store.lock import FireLock
-from evolve.store.markers import read_marker, remove_marker
+from evolve.store.markers import remove_marker
 from evolve.store.records import ClaimedWork, FireRecord
-from evolve.timeutil import parse_iso, utc_iso
-from evolve.work import dormancy, generators, ladder
-from evolve.work.item import ClaimLost, SourceError, WorkItem, WorkSource, keys_of
+from evolve.timeutil import utc_iso
+from evolve.work import ladder
+from evolve.work.item import ClaimLost, SourceError, WorkItem, WorkSource
 
 MAX_SCOUTS_PER_CYCLE = 3
-TEMP_AGE_S = 60.0  # an atomic replacement takes milliseconds; a temp file this old lost its writer
 
 
 def scrub(report: AgentReport) -> AgentReport:
@@ -68,7 +69,6 @@ def scrub(report: AgentReport) -> AgentReport:
         new_work=[orjson.loads(redact(orjson.dumps(w).decode(), values)) for w in report.new_work],
     )
 
-Observer = Callable[[str, dict[str, Any]], None]
 
 
 @dataclass(frozen=True)
@@ -114,14 +114,25 @@ class Fire:
         self.log = logmod.get("evolve.fire")
         # A daemon passes its own stop event: its main thread owns the signals, the fire runs in a job thread.
         self.stop = stop or threading.Event()
-        self.observers = list(observers or [])
         self.signal_received: int | None = None
         self.mode = opts.mode or cfg.fire.mode
         self.selector = Selector(paths, cfg, self.env, self.log, write=not opts.dry_run, sources=sources)
         self.gate = Gate(paths, cfg, self.log, self.env)
-        self.state = session_state.SessionState()
+        self.ctx = FireContext(
+            paths, cfg, self.ledger, self.log, clock, self.fire_id, self.env, self.selector,
+            observers=list(observers or []),
+        )
         self.started = clock()
         self._plan: plans.AgentPlan | None = None  # this cycle's agent plan (session, hand-off, prompt)
+
+    @property
+    def state(self) -> session_state.SessionState:
+        """The loop's state, shared with every shell piece through :attr:`ctx`."""
+        return self.ctx.state
+
+    @state.setter
+    def state(self, value: session_state.SessionState) -> None:
+        self.ctx.state = value
 
     # -- entry point -----------------------------------------------------------------------
 
@@ -167,29 +178,26 @@ class Fire:
         torn = self.ledger.repair_torn()
         if torn:
             self.log.warning("ledger.torn_line", moved_to=str(torn))
-        self._sweep_temps()
+        recovery.sweep(self.ctx)
         loaded = session_state.load(self.paths.state, self.ledger)
         self.state = loaded.state
         for w in loaded.warnings:
             self.log.warning("state.repaired", detail=w)
         self.log.info("fire.start", pid=os.getpid(), mode=self.mode, repo=str(self.paths.repo))
-        self._reconcile()
+        recovery.recover(self.ctx)
 
-        step1 = self._step1(now)
+        step1 = step1_shell.run(self.ctx, now)
         if step1.halt:
             self.log.info("halt", reason=step1.halt, detail=step1.detail)
-            self._emit("halt", reason=step1.halt, detail=step1.detail)
-            self._save()
-            self.log.info("fire.end", reason=f"halt:{step1.halt}", cycles=0, exit_code=0)
-            outcome = FireOutcome(exitcodes.OK, f"halt:{step1.halt}", halt=step1.halt)
-            self._emit("fire.end", reason=outcome.reason, cycles=0, exit_code=0, cost_usd=0.0)
-            return outcome
+            self.ctx.emit("halt", reason=step1.halt, detail=step1.detail)
+            self.ctx.save()
+            return self._ended(FireOutcome(exitcodes.OK, f"halt:{step1.halt}", halt=step1.halt))
 
         self.state.fire = FireRecord(
             pid=os.getpid(), pgid=os.getpgid(0), agent_pgid=None, started_at=utc_iso(now), cycle=None,
             fire_id=self.fire_id,
         )
-        self._save()
+        self.ctx.save()
         outcome = FireOutcome()
         try:
             self._cycles(step1, outcome, started=now)
@@ -199,170 +207,15 @@ class Fire:
             self.log.exception("fire.error", error=str(exc)[:300])
             raise
         self.state.fire = None
-        self._save()
+        self.ctx.save()
         self.paths.cycle_state.unlink(missing_ok=True)
-        self.log.info(
-            "fire.end",
-            reason=outcome.reason,
-            cycles=outcome.cycles,
-            exit_code=outcome.exit_code,
-            cost_usd=round(outcome.cost_usd, 6),
-        )
-        self._emit(
-            "fire.end",
-            reason=outcome.reason,
-            cycles=outcome.cycles,
-            exit_code=outcome.exit_code,
-            cost_usd=round(outcome.cost_usd, 6),
-        )
+        return self._ended(outcome)
+
+    def _ended(self, outcome: FireOutcome) -> FireOutcome:
+        fields = dict(reason=outcome.reason, cycles=outcome.cycles, exit_code=outcome.exit_code)
+        self.log.info("fire.end", **fields, cost_usd=round(outcome.cost_usd, 6))
+        self.ctx.emit("fire.end", **fields, cost_usd=round(outcome.cost_usd, 6))
         return outcome
-
-    def _emit(self, event: str, **payload: Any) -> None:
-        """Tell observers (notifications, metrics) about a state change; they never break a fire."""
-        for observer in self.observers:
-            try:
-                observer(event, {"event": event, "repo": str(self.paths.repo), "fire_id": self.fire_id, **payload})
-            except Exception as exc:  # an observer is best effort by contract
-                self.log.warning("observer.error", observer_event=event, error=str(exc)[:200])
-
-    def _save(self) -> None:
-        session_state.save(self.paths.state, self.state)
-
-    # -- reconciliation --------------------------------------------------------------------
-
-    def _reconcile(self) -> None:
-        last = self.ledger.last()
-        d = recon.decide(self.state.fire, self.state.claimed_work, self.ledger.last_cycle(), last)
-        if not d.dead_fire and d.claim is None:
-            return
-        if d.kill_pgid and group_alive(d.kill_pgid):
-            self.log.warning("reconcile.kill_orphan", pgid=d.kill_pgid, found_by="recorded pgid")
-            kill_group(d.kill_pgid, grace_s=2.0)
-        dead_id = self.state.fire.fire_id if self.state.fire is not None else ""
-        if d.dead_fire and dead_id and dead_id != self.fire_id:
-            for pgid in sorted(tagged_groups(FIRE_TAG, dead_id)):
-                if group_alive(pgid):
-                    self.log.warning("reconcile.kill_orphan", pgid=pgid, found_by=FIRE_TAG)
-                    kill_group(pgid, grace_s=2.0)
-        claimed = self.state.claimed_work
-        if d.crashed_cycle is not None:
-            fire = self.state.fire or FireRecord()
-            entry = base_entry(
-                cycle=d.crashed_cycle,
-                result=CycleResult.CRASHED,
-                timestamp=utc_iso(self.clock()),
-                target=(claimed.ref if claimed else "") or "idle",
-                source=(claimed.source if claimed else "") or "idle",
-                work_ref=claimed.ref or None if claimed else None,
-                mode="crashed",
-                session_id=self._session_id(),
-                fire_id=fire.fire_id,
-            )
-            entry.update(error_class="crashed", crashed_fire_pid=fire.pid)
-            self.ledger.append(entry)
-            self.state.last_logged_cycle = d.crashed_cycle
-            self.state.last_result = str(CycleResult.CRASHED)
-            self.log.warning("reconcile.crashed", cycle=d.crashed_cycle, dead_pid=fire.pid)
-        if claimed is not None and d.claim:
-            src = self._source(claimed.source)
-            if src is not None and claimed.ref:
-                item = WorkItem(source=claimed.source, ref=claimed.ref, title=claimed.title)
-                try:
-                    if d.claim is ClaimAction.FINALIZE:
-                        src.finalize(item, claimed.claimed_by, utc_iso(self.clock()))
-                    else:
-                        src.release(item, claimed.claimed_by or None, utc_iso(self.clock()), CycleResult.CRASHED)
-                except (SourceError, OSError) as exc:
-                    self.log.warning("reconcile.claim_error", error=str(exc))
-            self.log.info("reconcile.claim", action=d.claim, ref=claimed.ref)
-            self.state.claimed_work = None
-        self.state.fire = None
-        self._save()
-
-    def _sweep_temps(self) -> None:
-        """Temp files left by a fire killed between writing one and renaming it into place."""
-        q = self.paths.nextwork
-        removed = sweep_temps(self.paths.evolve_dir, older_than_s=TEMP_AGE_S)
-        removed += sweep_temps(q.parent, older_than_s=TEMP_AGE_S, only=q.name)
-        if removed:
-            self.log.warning("store.temps_removed", count=len(removed), names=removed[:20])
-
-    def _session_id(self) -> str | None:
-        session = self.state.agent_session
-        return session.id or None if session is not None else None
-
-    def _source(self, name: str | None) -> WorkSource | None:
-        return self.selector.source_for(name)
-
-    # -- step 1 ----------------------------------------------------------------------------
-
-    def _snapshot(self, now: float) -> halt.HaltSnapshot:
-        p = self.paths
-        until = parse_iso(self.state.breaker_open_until) if self.state.breaker_open_until else None
-        return halt.HaltSnapshot(
-            now=now,
-            kill_ttl_s=self.cfg.halt.kill_ttl_days * 86400,
-            global_kill=read_marker(p.global_kill, now),
-            local_kill=read_marker(p.kill, now),
-            stop=read_marker(p.stop, now),
-            dormant=read_marker(p.dormant, now),
-            handoff=read_marker(p.handoff, now),
-            ack_regression=read_marker(p.ack_regression, now),
-            governor_configured=bool(self.cfg.halt.governor_cmd),
-            breaker_open_until=until,
-            ledger_tail=self.ledger.tail(20).entries,
-            ack_regression_cycle=self.state.ack_regression_cycle,
-        )
-
-    def _step1(self, now: float, *, apply: bool = True) -> halt.Step1:
-        snap = self._snapshot(now)
-        while True:
-            d = halt.evaluate(snap)
-            if d.need == halt.NEED_DORMANT_PROBE:
-                snap = replace(snap, dormant_probe=self._probe_work())
-            elif d.need == halt.NEED_GOVERNOR:
-                snap = replace(snap, governor_exit=self._run_governor())
-            else:
-                break
-        for w in d.warnings:
-            self.log.warning("halt.warning", detail=w)
-        if not apply:
-            return d
-        if d.clear_dormant and remove_marker(self.paths.dormant):
-            self.log.info("dormant.cleared", reason="selectable work exists")
-        if d.clear_handoff:
-            content = snap.handoff.content
-            if remove_marker(self.paths.handoff):
-                self.log.info("handoff.cleared", content=content)
-        if d.consume_ack:
-            remove_marker(self.paths.ack_regression)
-            if d.acked_cycle:
-                self.state.ack_regression_cycle = d.acked_cycle
-            self.log.info("regression.acknowledged", cycle=d.acked_cycle or None)
-        if d.restorative:
-            self.log.info("restorative", reason="last cycle was red")
-        if d.breaker_probe:
-            self.log.info("breaker.half_open")
-        return d
-
-    def _probe_work(self) -> str:
-        return self.selector.probe_any_work(self.state)
-
-    def _run_governor(self) -> int:
-        # Like every child of a fire: its own group (killed whole on timeout) and the fire's env (its id).
-        argv = self.cfg.halt.governor_cmd
-        timeout_s = self.cfg.halt.timeout_s
-        try:
-            proc = run_group(
-                argv, cwd=self.paths.repo, env=self.env, limits=Limits(timeout_s=timeout_s, grace_s=1.0, tail_bytes=0)
-            )
-        except OSError as exc:
-            self.log.warning("governor.error", error=str(exc)[:300])
-            return -1
-        if proc.timed_out or proc.returncode is None:
-            self.log.warning("governor.error", error=f"{argv[0]} timed out after {timeout_s:g}s; process group killed")
-            return -1
-        return proc.returncode
 
     # -- cycles ----------------------------------------------------------------------------
 
@@ -391,8 +244,8 @@ class Fire:
         )
         assert st.fire is not None
         st.fire = replace(st.fire, cycle=cycle)
-        self._save()
-        src = self._source(item.source)
+        self.ctx.save()
+        src = self.ctx.source(item.source)
         assert src is not None
         try:
             src.claim(item, claimer, now)
@@ -400,7 +253,7 @@ class Fire:
             self.log.info("claim.lost", ref=item.ref)
             st.claimed_work = None
             st.fire = replace(st.fire, cycle=None)
-            self._save()
+            self.ctx.save()
             return False
         return True
 
@@ -416,16 +269,16 @@ class Fire:
                 return
             sel = self.selector.select(self.state, restorative=restorative)
             for item, flips in sel.quarantine:
-                self._quarantined(item, flips, outcome)
+                side.quarantined(self.ctx, item, flips, outcome.entries)
             cycle = self.ledger.last_cycle() + 1
             logmod.bind(cycle=cycle)
             self.log.info("work.selected", rung=sel.rung, ref=sel.item.ref if sel.item else None, reason=sel.reason)
             if sel.blocked_mode is not None:
-                self._metronome_blocked(cycle, sel, outcome)
+                side.metronome_blocked(self.ctx, cycle, sel, outcome.entries)
                 outcome.reason = "metronome_blocked"
                 return
             if sel.item is None:
-                self._idle_cycle(cycle, sel.probe_errors, outcome)
+                side.idle(self.ctx, cycle, sel.probe_errors, self.mode, outcome.entries)
                 outcome.reason = "probe_error" if sel.probe_errors else "idle"
                 return
             claimer = f"{'evolve-quality' if self.cfg.work.quality else 'evolve'}:cycle-{cycle}"
@@ -441,93 +294,6 @@ class Fire:
             if stop:
                 outcome.reason = stop
                 return
-
-    def _side_entry(
-        self, cycle: int, result: str, item: WorkItem, source: str, mode: str, timestamp: str | None = None
-    ) -> dict[str, Any]:
-        return base_entry(
-            cycle=cycle,
-            result=result,
-            timestamp=timestamp or utc_iso(self.clock()),
-            target=item.title,
-            source=source,
-            work_ref=item.ref,
-            mode=mode,
-            session_id=self._session_id(),
-            fire_id=self.fire_id,
-        )
-
-    def _quarantined(self, item: WorkItem, flips: int, outcome: FireOutcome) -> None:
-        """An oscillating goal is skipped, and that is logged once per era (SPEC §6.3)."""
-        cycle = self.ledger.last_cycle() + 1
-        entry = self._side_entry(cycle, "quarantined", item, item.source, ladder.work_mode(item))
-        entry["oscillations"] = flips
-        self.ledger.append(entry)
-        outcome.entries.append(entry)
-        self.state.last_logged_cycle = cycle
-        self._save()
-        self.log.warning("goal.quarantined", cycle=cycle, ref=item.ref, flips=flips)
-
-    def _metronome_blocked(self, cycle: int, sel: ladder.Selection, outcome: FireOutcome) -> None:
-        top = next((c for c in sel.considered if "hard block" in c.verdict), None)
-        item = WorkItem(source="metronome-gate-blocked", ref=top.ref if top else "", title=top.title if top else "")
-        entry = self._side_entry(cycle, "unchanged", item, "metronome-gate-blocked", sel.blocked_mode or "")
-        entry["reason"] = sel.reason
-        self.ledger.append(entry)
-        outcome.entries.append(entry)
-        st = self.state
-        st.last_logged_cycle = cycle
-        st.last_result, st.last_selected_source = "unchanged", "metronome-gate-blocked"
-        self._save()
-        self.log.warning("metronome.blocked", cycle=cycle, mode=sel.blocked_mode, reason=sel.reason)
-
-    def _idle_cycle(self, cycle: int, errors: tuple[str, ...], outcome: FireOutcome) -> None:
-        now = self.clock()
-        entry = base_entry(
-            cycle=cycle,
-            result="unchanged",
-            timestamp=utc_iso(now),
-            target="idle",
-            source="idle",
-            work_ref=None,
-            mode="idle",
-            session_id=self._session_id(),
-            fire_id=self.fire_id,
-        )
-        if errors:
-            entry["probe_error"] = True
-        self.ledger.append(entry)
-        outcome.entries.append(entry)
-        self.log.info("cycle.idle", cycle=cycle, probe_error=bool(errors))
-        st = self.state
-        st.last_logged_cycle = cycle
-        st.last_result, st.last_mode, st.last_selected_source = "unchanged", "idle", "idle"
-        st.agent_session = sessions.note_event(st.agent_session)
-        if errors:
-            # A probe error is never "empty": it must not walk the loop towards DORMANT.
-            self._blocked(cycle, now, "source probe error: " + "; ".join(errors)[:500])
-            self._save()
-            return
-        step = dormancy.empty_pass(st.idle_streak, st.generator_empty_streak, self.mode)
-        st.idle_streak, st.generator_empty_streak = step.idle_streak, step.generator_empty_streak
-        if step.action == "dormant":
-            text = f"cycle {cycle}\n{utc_iso(now)}\n{dormancy.REASON}\n"
-            atomic_write_bytes(self.paths.dormant, text.encode())
-            self.log.info("dormant.written", cycle=cycle)
-        elif step.action == "blocked":
-            self._blocked(cycle, now, dormancy.REASON, needed="queue empty; operator adds work or a marker")
-        self._save()
-
-    def _blocked(self, cycle: int, now: float, reason: str, needed: str | None = None) -> None:
-        row: dict[str, Any] = {"cycle": cycle, "timestamp": utc_iso(now), "reason": reason}
-        if needed:
-            row["needed_context"] = needed
-        try:
-            append_bytes(self.paths.blocked, orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE))
-        except OSError as exc:  # e.g. a symlink planted in its place: refused, and the fire goes on
-            self.log.error("blocked.error", cycle=cycle, path=str(self.paths.blocked), error=str(exc)[:300])
-            return
-        self.log.info("blocked.logged", cycle=cycle, reason=reason)
 
     def _write_cycle_state(self, cycle: int, item: WorkItem, phase: str, start_sha: str | None) -> None:
         write_json(
@@ -563,12 +329,12 @@ class Fire:
             if result != "scout" or reading.heavy or len(scouted) >= MAX_SCOUTS_PER_CYCLE:
                 break
             # A scout is never a stop: apply its split/defer/park and take the next candidate now.
-            self._apply_scout(cycle, item, report, claimer)
+            scout.apply(self.ctx, cycle, item, report, claimer)
             scouted.append({"ref": item.ref, "disposition": report.disposition})
             nxt = self.selector.select(st, restorative=restorative, excluded=frozenset(x["ref"] for x in scouted))
             if nxt.item is None or nxt.blocked_mode is not None or not self._claim(cycle, nxt.item, claimer):
                 st.claimed_work = None
-                self._save()
+                self.ctx.save()
                 extra["scouted"] = scouted
                 return self._finish(cycle, item, claimer, decision, report, "scout", extra, outcome, claim_done=True)
             item = nxt.item
@@ -606,7 +372,7 @@ class Fire:
         def on_start(pgid: int) -> None:
             assert st.fire is not None
             st.fire = replace(st.fire, agent_pgid=pgid)
-            self._save()
+            self.ctx.save()
             self.log.info("agent.started", cycle=cycle, pgid=pgid, runner=self.cfg.agent.runner)
             crashpoint.reached("agent.running")
 
@@ -666,43 +432,6 @@ class Fire:
             report, heavy_pct=self.cfg.context.heavy_pct, window_override=self.cfg.context.context_window
         )
 
-    def _apply_scout(self, cycle: int, item: WorkItem, report: AgentReport, claimer: str) -> None:
-        """Split (children queued with ``discovered_from``), defer, or park the scouted item."""
-        now = utc_iso(self.clock())
-        disp = report.disposition.strip()
-        kind = disp.split(":", 1)[0].strip().lower()
-        reason = disp.split(":", 1)[1].strip() if ":" in disp else disp
-        src = self._source(item.source)
-        try:
-            if src is not None:
-                src.release(item, claimer, now, "scout")
-            if kind == "split" and report.new_work:
-                children = [{**c, "discovered_from": item.ref} for c in report.new_work]
-                self._queue_new_work(cycle, children, epic=f"scout-split:{item.ref}")
-                if src is not None:
-                    src.split(item, now, children)
-            elif kind == "defer" and src is not None:
-                src.defer(item, now, reason)
-            elif kind == "park" and src is not None:
-                src.park(item, now, reason or "scope too big; needs operator triage")
-        except (SourceError, OSError) as exc:
-            self.log.error("scout.error", error=str(exc)[:300])
-        self.log.info("cycle.scout", cycle=cycle, ref=item.ref, disposition=disp)
-
-    def _queue_new_work(self, cycle: int, items: list[dict[str, Any]], *, epic: str) -> int:
-        """Follow-up work the agent reported, appended to the harvested queue (deduplicated)."""
-        clean = []
-        for it in items:
-            if isinstance(it.get("title"), str) and it["title"].strip():
-                clean.append({"description": "", "type": "task", "severity": "medium", "source": "evolve-cycle", **it})
-        fresh = generators.dedup(clean, self.selector.harvested.known_keys(keys_of(clean)))
-        if fresh:
-            entry = generators.generator_entry(fresh, utc_iso(self.clock()))
-            entry["source_epic"] = epic
-            self.selector.harvested.append_entry(entry)
-            self.log.info("queue.appended", cycle=cycle, count=len(fresh), epic=epic)
-        return len(fresh)
-
     def _plan_agent(
         self, cycle: int, item: WorkItem, restorative: bool, new_id: str | None = None
     ) -> tuple[plans.AgentPlan, Invocation]:
@@ -758,7 +487,7 @@ class Fire:
         claim_done: bool = False,
     ) -> str | None:
         """Record the cycle, then apply :func:`transition.after_cycle`: claim, follow-ups, state, stop."""
-        src = self._source(item.source)
+        src = self.ctx.source(item.source)
         now = self.clock()
         reading = self._reading(report)
         facts = transition.CycleFacts(
@@ -784,8 +513,8 @@ class Fire:
         for effect in t.effects:
             getattr(self.log, effect.level)(effect.event, **effect.fields)
             if effect.notify:
-                self._emit(effect.event, **effect.fields)
-        self._save()
+                self.ctx.emit(effect.event, **effect.fields)
+        self.ctx.save()
         self.paths.cycle_state.unlink(missing_ok=True)
         if t.exit_code != exitcodes.OK:
             outcome.exit_code = t.exit_code
@@ -829,9 +558,9 @@ class Fire:
             context_signal=reading.signal or None,
             cost_usd=report.cost_usd,
         )
-        self._emit("cycle.end", entry=entry)
+        self.ctx.emit("cycle.end", entry=entry)
         if facts.result is CycleResult.REGRESSED:
-            self._emit("regression", cycle=facts.cycle, work_ref=item.ref, detail=extra.get("gate_detail"))
+            self.ctx.emit("regression", cycle=facts.cycle, work_ref=item.ref, detail=extra.get("gate_detail"))
 
     def _apply_claim(
         self,
@@ -852,7 +581,7 @@ class Fire:
                 if t.park is not None:
                     self._park(src, item, stamp, t.park)
             if t.queue_new_work:
-                self._queue_new_work(cycle, list(report.new_work), epic=f"evolve-cycle-{cycle}")
+                scout.queue_new_work(self.ctx, cycle, list(report.new_work), epic=f"evolve-cycle-{cycle}")
         except (SourceError, OSError) as exc:
             self.log.error("claim.error", error=str(exc))
 
@@ -895,23 +624,23 @@ class Fire:
         streak = st.context_streak
         parked = list(st.parked_work)
         atomic_write_bytes(self.paths.handoff, handoff_text(now, streak, parked).encode())
-        entry = self._side_entry(cycle, CycleResult.CONTEXT_HANDOFF, item, item.source, "context-handoff", now)
+        entry = self.ctx.entry(cycle, CycleResult.CONTEXT_HANDOFF, item, item.source, "context-handoff", now)
         entry["milestone"] = milestone(streak, parked)
         entry["parked_work"] = parked
         entry["context_streak"] = streak
         self.ledger.append(entry)
         outcome.entries.append(entry)
         self.state = transition.after_handoff(st, cycle)
-        self._save()
+        self.ctx.save()
         self.log.info("handoff.written", cycle=cycle, streak=streak, parked=parked, path=str(self.paths.handoff))
-        self._emit("handoff.written", cycle=cycle, streak=streak, parked=parked)
+        self.ctx.emit("handoff.written", cycle=cycle, streak=streak, parked=parked)
 
     # -- dry run ---------------------------------------------------------------------------
 
     def _dry_run(self) -> FireOutcome:
         now = self.clock()
         self.state = session_state.load_readonly(self.paths.state, self.ledger)
-        d = self._step1(now, apply=False)
+        d = step1_shell.run(self.ctx, now, apply=False)
         plan: dict[str, Any] = {
             "step1": {
                 "halt": d.halt,

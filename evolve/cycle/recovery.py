@@ -1,0 +1,94 @@
+"""The shell of recovery (docs/DESIGN.md §4.0): what a fire does under the lock before Step 1.
+
+Temp files a killed writer left are swept, and a dead fire recorded in session-state is settled
+as :func:`evolve.cycle.reconcile.decide` says: its orphaned process groups killed (by the recorded
+agent PGID and by the ``EVOLVE_FIRE_ID`` tag in their environment), a ``crashed`` entry for the
+cycle it died in, and its claim finalized or released.
+"""
+
+from __future__ import annotations
+
+from evolve.cycle import reconcile
+from evolve.cycle.context import FireContext
+from evolve.cycle.entry import base_entry
+from evolve.cycle.transition import ClaimAction
+from evolve.procgroup import FIRE_TAG, group_alive, kill_group, tagged_groups
+from evolve.results import CycleResult
+from evolve.store.atomic import sweep_temps
+from evolve.store.records import ClaimedWork, FireRecord
+from evolve.timeutil import utc_iso
+from evolve.work.item import SourceError, WorkItem
+
+TEMP_AGE_S = 60.0  # an atomic replacement takes milliseconds; a temp file this old lost its writer
+ORPHAN_GRACE_S = 2.0
+
+
+def sweep(ctx: FireContext) -> None:
+    """Temp files left by a fire killed between writing one and renaming it into place."""
+    q = ctx.paths.nextwork
+    removed = sweep_temps(ctx.paths.evolve_dir, older_than_s=TEMP_AGE_S)
+    removed += sweep_temps(q.parent, older_than_s=TEMP_AGE_S, only=q.name)
+    if removed:
+        ctx.log.warning("store.temps_removed", count=len(removed), names=removed[:20])
+
+
+def recover(ctx: FireContext) -> None:
+    """Settle a fire that died (we hold the lock, so whoever recorded ``state.fire`` is gone)."""
+    st = ctx.state
+    d = reconcile.decide(st.fire, st.claimed_work, ctx.ledger.last_cycle(), ctx.ledger.last())
+    if not d.dead_fire and d.claim is None:
+        return
+    _kill_orphans(ctx, d)
+    if d.crashed_cycle is not None:
+        _log_crashed(ctx, d.crashed_cycle, st.fire or FireRecord(), st.claimed_work)
+    if st.claimed_work is not None and d.claim:
+        _settle_claim(ctx, st.claimed_work, d.claim)
+        st.claimed_work = None
+    st.fire = None
+    ctx.save()
+
+
+def _kill_orphans(ctx: FireContext, d: reconcile.Reconcile) -> None:
+    if d.kill_pgid and group_alive(d.kill_pgid):
+        ctx.log.warning("reconcile.kill_orphan", pgid=d.kill_pgid, found_by="recorded pgid")
+        kill_group(d.kill_pgid, grace_s=ORPHAN_GRACE_S)
+    dead_id = ctx.state.fire.fire_id if ctx.state.fire is not None else ""
+    if d.dead_fire and dead_id and dead_id != ctx.fire_id:
+        for pgid in sorted(tagged_groups(FIRE_TAG, dead_id)):
+            if group_alive(pgid):
+                ctx.log.warning("reconcile.kill_orphan", pgid=pgid, found_by=FIRE_TAG)
+                kill_group(pgid, grace_s=ORPHAN_GRACE_S)
+
+
+def _log_crashed(ctx: FireContext, cycle: int, fire: FireRecord, claimed: ClaimedWork | None) -> None:
+    entry = base_entry(
+        cycle=cycle,
+        result=CycleResult.CRASHED,
+        timestamp=utc_iso(ctx.clock()),
+        target=(claimed.ref if claimed else "") or "idle",
+        source=(claimed.source if claimed else "") or "idle",
+        work_ref=claimed.ref or None if claimed else None,
+        mode="crashed",
+        session_id=ctx.session_id(),
+        fire_id=fire.fire_id,
+    )
+    entry.update(error_class="crashed", crashed_fire_pid=fire.pid)
+    ctx.ledger.append(entry)
+    ctx.state.last_logged_cycle = cycle
+    ctx.state.last_result = str(CycleResult.CRASHED)
+    ctx.log.warning("reconcile.crashed", cycle=cycle, dead_pid=fire.pid)
+
+
+def _settle_claim(ctx: FireContext, claimed: ClaimedWork, action: ClaimAction) -> None:
+    src = ctx.source(claimed.source)
+    if src is not None and claimed.ref:
+        item = WorkItem(source=claimed.source, ref=claimed.ref, title=claimed.title)
+        stamp = utc_iso(ctx.clock())
+        try:
+            if action is ClaimAction.FINALIZE:
+                src.finalize(item, claimed.claimed_by, stamp)
+            else:
+                src.release(item, claimed.claimed_by or None, stamp, CycleResult.CRASHED)
+        except (SourceError, OSError) as exc:
+            ctx.log.warning("reconcile.claim_error", error=str(exc))
+    ctx.log.info("reconcile.claim", action=action, ref=claimed.ref)
