@@ -22,7 +22,8 @@ from typing import Any
 import orjson
 
 from evolve.paths import Paths
-from evolve.status.snapshot import UNSUCCESSFUL, load_config, read_snapshot
+from evolve.results import UNSUCCESSFUL
+from evolve.status.snapshot import load_config, read_snapshot
 from evolve.store.atomic import atomic_write_bytes, write_json
 from evolve.timeutil import parse_iso
 

@@ -6,7 +6,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-AGENT_RESULTS = ("improved", "harvested", "scout", "unchanged", "failed")
+from evolve.results import CycleResult as R
+
+# The results an agent may claim; the gate decides the rest (regressed, a downgrade to unchanged).
+AGENT_RESULTS = tuple(str(r) for r in (R.IMPROVED, R.HARVESTED, R.SCOUT, R.UNCHANGED, R.FAILED))
 ERROR_CLASSES = ("limit", "transient", "fatal", "timeout", "crashed", "interrupted")
 
 

@@ -290,7 +290,7 @@ class Fire:
                 continue
             stop = self._work_cycle(cycle, sel, claimer, restorative, outcome)
             outcome.cycles += 1
-            restorative = restorative and self.state.last_result in ("regressed", "failed")
+            restorative = restorative and self.state.last_result in (CycleResult.REGRESSED, CycleResult.FAILED)
             if stop:
                 outcome.reason = stop
                 return

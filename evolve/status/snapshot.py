@@ -26,6 +26,7 @@ from typing import Any
 from evolve.cycle import halt as step1
 from evolve.harness import autocompact
 from evolve.paths import Paths
+from evolve.results import FAILURES
 from evolve.status.schedule import NextFire, next_fire
 from evolve.store.atomic import read_json
 from evolve.store.ledger import Ledger
@@ -35,9 +36,6 @@ from evolve.timeutil import human_s, parse_iso, utc_iso
 
 HEALTHY, DEGRADED, HALTED = "healthy", "degraded", "halted"
 EXIT_FOR = {HEALTHY: 0, DEGRADED: 1, HALTED: 75}
-FAILED_RESULTS = frozenset({"failed", "crashed"})
-# A cycle that ended without an error (used for "last success" in status and the metrics).
-UNSUCCESSFUL = frozenset({"failed", "crashed", "interrupted", "regressed"})
 
 TODAY_SCAN_CAP = 20_000  # entries: "cost today" never reads more than this
 SESSION_SCAN_CAP = 2_000  # entries searched for the agent session's first cycle
@@ -391,7 +389,7 @@ def _degraded(breaker: Breaker, last: dict[str, Any] | None, fire: dict[str, Any
     out: list[str] = []
     if breaker.state == "open":
         out.append(f"breaker open for {human_s(breaker.eta_s)} more")
-    if last and isinstance(last.get("result"), str) and last["result"] in FAILED_RESULTS:
+    if last and isinstance(last.get("result"), str) and last["result"] in FAILURES:
         cls = f" ({last['error_class']})" if last.get("error_class") else ""
         out.append(f"last cycle {last.get('cycle')} {last.get('result')}{cls}")
     if fire and not running:
