@@ -1,4 +1,4 @@
-"""Step 1 + reading the ledger tail must not get slower as the ledger grows (SPEC §3).
+"""Step 1 + reading the ledger tail must not get slower as the ledger grows (docs/DESIGN.md §3).
 
 Builds a 10^3-line and a 10^6-line ledger of realistic entries under ``bench/.data/`` and times, on
 each, what a fire does before its first cycle: ``Ledger.repair_torn()``, ``session_state.load_readonly``,

@@ -1,4 +1,4 @@
-"""How long one work selection takes (SPEC §6), against the agent's own start-up as the yardstick.
+"""How long one work selection takes (docs/DESIGN.md §6), against the agent's own start-up as the yardstick.
 
 Builds, in a temporary directory:
 

@@ -1,4 +1,4 @@
-"""The commented config file ``evolve init`` writes; every key of SPEC §10 with its default."""
+"""The commented config file ``evolve init`` writes; every key of docs/DESIGN.md §10 with its default."""
 
 TEMPLATE = """\
 # evolve configuration: .agents/evolve/config.toml (all keys optional; defaults shown).

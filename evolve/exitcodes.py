@@ -1,4 +1,4 @@
-"""Process exit codes (SPEC §9); 75 and 78 are BSD sysexits that schedulers understand."""
+"""Process exit codes (docs/DESIGN.md §9); 75 and 78 are BSD sysexits that schedulers understand."""
 
 OK = 0
 ERROR = 1

@@ -159,7 +159,7 @@ def changed_since(repo: Path, start: str | None) -> set[str]:
 
 
 def foreign_commits(repo: Path, since: object) -> int:
-    """Commits on HEAD after ``since`` that the loop did not make (intervening events, SPEC §5)."""
+    """Commits on HEAD after ``since`` that the loop did not make (intervening events, docs/DESIGN.md §5)."""
     import subprocess
 
     if not isinstance(since, str) or not since:

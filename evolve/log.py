@@ -1,6 +1,6 @@
 """structlog set-up: JSON lines on stdout when not a TTY (journald-friendly), console on a TTY.
 
-Event names are stable (SPEC §9): ``fire.start``, ``handoff.cleared``, ``halt``, ``cycle.start``,
+Event names are stable (docs/DESIGN.md §9): ``fire.start``, ``handoff.cleared``, ``halt``, ``cycle.start``,
 ``agent.mode``, ``agent.heartbeat``, ``gate.fail``, ``handoff.written``, ``fire.end`` and more.
 """
 

@@ -1,4 +1,4 @@
-"""`evolve daemon`: APScheduler 3.x fires each repository's ``schedule.cron`` in-process (SPEC §9).
+"""`evolve daemon`: APScheduler 3.x fires each repository's ``schedule.cron`` in-process (docs/DESIGN.md §9).
 
 Each job is one :class:`~evolve.cycle.fire.Fire`, the same code and the same kernel lock as
 ``evolve fire``, so a daemon and a cron line on one repo never overlap. SIGTERM/SIGINT are handled

@@ -22,7 +22,7 @@ def _agent(duration: float, cost: float, pct: float, heavy: bool = False, signal
 
 
 def every_kind(now: float) -> list[dict[str, Any]]:
-    """Sixteen entries over the last ~20 hours, oldest first; every result of SPEC §3."""
+    """Sixteen entries over the last ~20 hours, oldest first; every result of docs/DESIGN.md §3."""
     t0 = now - 20 * 3600
 
     def base(cycle: int, minutes: float, result: str, target: str, source: str, ref: str | None, mode: str,

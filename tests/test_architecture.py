@@ -16,6 +16,34 @@ ROOT = Path(evolve.__file__).parent
 LOWER = ("evolve.work", "evolve.store")
 UPPER = ("evolve.agent", "evolve.cycle", "evolve.commands")
 
+# The layers of docs/DESIGN.md §13, bottom first: a module may import its own layer or any below it.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("base", ("evolve", "evolve.paths", "evolve.timeutil", "evolve.errors", "evolve.exitcodes", "evolve.results",
+              "evolve.secrets", "evolve.crashpoint", "evolve.jsonsafe", "evolve.log", "evolve.config",
+              "evolve.cronexpr", "evolve.sdnotify", "evolve.config_template", "evolve.deploy_templates")),
+    ("store", ("evolve.store",)),
+    ("process", ("evolve.procgroup", "evolve.gitops")),
+    ("work", ("evolve.work",)),
+    ("agent", ("evolve.agent",)),
+    ("harness", ("evolve.harness",)),
+    ("cycle", ("evolve.cycle",)),
+    ("read side", ("evolve.status", "evolve.metrics", "evolve.report", "evolve.notify", "evolve.doctor",
+                   "evolve.deploy", "evolve.init", "evolve.demo")),
+    ("scheduler", ("evolve.scheduler",)),
+    ("commands", ("evolve.commands",)),
+    ("cli", ("evolve.cli", "evolve.__main__")),
+)
+
+
+def layer_of(name: str) -> int | None:
+    """The layer index of a module: its longest matching prefix (``evolve`` itself matches only exactly)."""
+    best: tuple[int, int] | None = None
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            if (name == p or (p != "evolve" and name.startswith(p + "."))) and (best is None or len(p) > best[1]):
+                best = (i, len(p))
+    return best[0] if best else None
+
 
 def _modules() -> dict[str, Path]:
     mods = {}
@@ -121,3 +149,22 @@ def test_work_and_store_import_nothing_above_them() -> None:
         if _under(dep, UPPER)
     )
     assert upward == []
+
+
+def test_every_module_has_a_layer() -> None:
+    assert sorted(name for name in _graph() if layer_of(name) is None) == []
+
+
+def test_imports_point_down_the_layers() -> None:
+    upward = sorted(
+        f"{name} ({LAYERS[layer_of(name)][0]}) -> {dep} ({LAYERS[layer_of(dep)][0]})"  # type: ignore[index]
+        for name, deps in _graph().items()
+        for dep in deps
+        if (layer_of(dep) or 0) > (layer_of(name) or 0)
+    )
+    assert upward == []
+
+
+def test_the_layer_check_sees_an_upward_arrow() -> None:
+    assert layer_of("evolve.store.ledger") == 1 and layer_of("evolve.cycle.fire") == 6 and layer_of("evolve") == 0
+    assert (layer_of("evolve.cycle.fire") or 0) > (layer_of("evolve.work.item") or 0)

@@ -1,4 +1,4 @@
-"""`evolve setup` (the settings writer) and the autocompact detector (SPEC §7; reference notes §5.6–5.7).
+"""`evolve setup` (the settings writer) and the autocompact detector (docs/DESIGN.md §7; reference notes §5.6–5.7).
 
 Every writer case runs the real `evolve setup` process against real files in a throwaway repo, and
 checks bytes, mtimes and modes on disk.

@@ -1,4 +1,4 @@
-"""The pure half of the beads source (SPEC §6.2): parsing ``bd ready --json``, ranking, items, command."""
+"""The pure half of the beads source (docs/DESIGN.md §6.2): parsing ``bd ready --json``, ranking, items, command."""
 
 from __future__ import annotations
 

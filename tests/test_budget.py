@@ -1,4 +1,4 @@
-"""The context budget (SPEC §4.3) and the HANDOFF / milestone texts (SPEC §2, §4.3). Pure functions only."""
+"""The context budget (docs/DESIGN.md §4.3) and the HANDOFF / milestone texts (§2, §4.3). Pure functions only."""
 
 from __future__ import annotations
 
@@ -210,7 +210,7 @@ def reports(draw: st.DrawFn) -> AgentReport:
 
 
 def reference_heavy(r: AgentReport, heavy_pct: int, override: int) -> bool:
-    """SPEC §4.3, independently: any one signal makes the cycle heavy."""
+    """docs/DESIGN.md §4.3, independently: any one signal makes the cycle heavy."""
     if r.result in ("scout", "harvested") and r.disposition in HEAVY_DISPOSITIONS:
         return True
     if r.context_heavy or r.context_overflow or r.compacted:
@@ -247,7 +247,7 @@ def test_streak_equals_reference_fold(
             got = want = 0
 
 
-# -- HANDOFF text (SPEC §2) ------------------------------------------------------------------------------
+# -- HANDOFF text (docs/DESIGN.md §2) ------------------------------------------------------------------------------
 
 ISO_Z = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")
 NASTY_REFS = [
@@ -313,7 +313,7 @@ def test_handoff_text_accepts_any_sequence() -> None:
     check_handoff(handoff_text("t", 2, ("a", "b")), "t", 2, ["a", "b"])
 
 
-# -- milestone (SPEC §4.3) -------------------------------------------------------------------------------
+# -- milestone (docs/DESIGN.md §4.3) -------------------------------------------------------------------------------
 
 
 def test_milestone_text_exact() -> None:

@@ -1,4 +1,4 @@
-"""The real Claude Code CLI driven against a scripted Anthropic server on 127.0.0.1 (SPEC §5).
+"""The real Claude Code CLI driven against a scripted Anthropic server on 127.0.0.1 (docs/DESIGN.md §5).
 
 The CLI is the npm package @anthropic-ai/claude-code that the README's test command installs into
 ``.tools/``; every assertion is on what the server received or what evolve recorded.

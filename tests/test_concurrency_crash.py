@@ -1,4 +1,4 @@
-"""Real concurrent processes on one repo, and a fire killed with SIGKILL mid-cycle (SPEC §4.0)."""
+"""Real concurrent processes on one repo, and a fire killed with SIGKILL mid-cycle (docs/DESIGN.md §4.0)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Configuration (SPEC §9, §10): layers, env names, validation errors, exit 78, and the commented template."""
+"""Configuration (docs/DESIGN.md §9, §10): layers, env names, validation errors, exit 78, and the commented template."""
 
 from __future__ import annotations
 

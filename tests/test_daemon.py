@@ -1,6 +1,6 @@
 """`evolve daemon` as a real process on real repositories: fires on schedule, never overlaps another
 trigger, coalesces after a pause, shuts down on SIGTERM within its grace, and talks to systemd
-(SPEC §9, issue 6)."""
+(docs/DESIGN.md §9, issue 6)."""
 
 from __future__ import annotations
 

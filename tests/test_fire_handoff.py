@@ -1,4 +1,4 @@
-"""The headline behaviour: context exhaustion is a hand-off across fires, never a stop (SPEC §4.3)."""
+"""The headline behaviour: context exhaustion is a hand-off across fires, never a stop (docs/DESIGN.md §4.3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The regression gate, git discipline, the attempt budget, the breaker and the fire budgets (SPEC §8)."""
+"""The regression gate, git discipline, the attempt budget, the breaker and the fire budgets (docs/DESIGN.md §8)."""
 
 from __future__ import annotations
 

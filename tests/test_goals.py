@@ -1,4 +1,4 @@
-"""Goals (SPEC §6.3): GOALS.md / GOALS.yaml parsing, measuring real checks in bash, snapshots, work items."""
+"""Goals (docs/DESIGN.md §6.3): GOALS.md / GOALS.yaml parsing, measuring real checks in bash, snapshots, work items."""
 
 from __future__ import annotations
 

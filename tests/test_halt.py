@@ -1,4 +1,4 @@
-"""Step 1, the halt gate (SPEC §4.1), checked against an independent reference over the full product.
+"""Step 1, the halt gate (docs/DESIGN.md §4.1), checked against an independent reference over the full product.
 
 Everything here is pure: markers are constructed directly, and the lazy ``need`` protocol is driven the
 way the fire's shell drives it (fill ``dormant_probe`` / ``governor_exit`` and ask again).
@@ -149,7 +149,7 @@ class Expected:
 
 
 def reference(c: Case) -> Expected:
-    """SPEC §4.1 read literally: eight rules, first match wins."""
+    """docs/DESIGN.md §4.1 read literally: eight rules, first match wins."""
     # 1. fresh KILL (global or repo) -> kill; 2. fresh STOP -> user_halt. Stale ones are ignored.
     if c.gk == "fresh" or c.lk == "fresh":
         return Expected("kill")
@@ -170,7 +170,7 @@ def reference(c: Case) -> Expected:
         return Expected("breaker_open", governor_asked=gov, **got_past)
     # 7. goal regression: a drop between the last two goal entries of the same total and era, not yet
     #    acknowledged (ack_regression_cycle >= the drop cycle); ACK present acknowledges (consumes) it.
-    #    ACK is consumed by any fire that gets this far, drop or not (SPEC §2: "consumed by the next fire").
+    #    ACK is consumed by any fire that gets this far, drop or not (docs/DESIGN.md §2: "consumed by the next fire").
     comparable_drop = c.goals == "drop-same-total"
     acked = 0
     if comparable_drop and not c.ack_covering:

@@ -1,4 +1,4 @@
-"""`evolve handoff continue` and `evolve handoff fork` (SPEC §7; reference notes §5.9).
+"""`evolve handoff continue` and `evolve handoff fork` (docs/DESIGN.md §7; reference notes §5.9).
 
 Artifacts are real files written by the real CLI; the next cycles run real fires with the scripted
 agent, and the fork case once more with the real Claude Code CLI against the scripted server.

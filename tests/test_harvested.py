@@ -1,4 +1,4 @@
-"""The harvested queue (SPEC §6.1): selection order, the claim lifecycle, field preservation."""
+"""The harvested queue (docs/DESIGN.md §6.1): selection order, the claim lifecycle, field preservation."""
 
 from __future__ import annotations
 

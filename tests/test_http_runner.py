@@ -1,5 +1,5 @@
 """The HTTP runner against a scripted OpenAI-compatible server: what the server receives, the session
-file, trimming, the diff, the error taxonomy, and secrets (SPEC §5, ADR 0032's local-provider path)."""
+file, trimming, the diff, the error taxonomy, and secrets (docs/DESIGN.md §5.1, §5.4: the local-provider path)."""
 
 from __future__ import annotations
 
@@ -178,7 +178,7 @@ def test_newest_user_message_survives_an_impossible_budget() -> None:
 
 
 def test_milk_head_trim_pitfall_pinned_orientation_is_never_dropped() -> None:
-    """ADR 0032's trimmer dropped the head first: the orientation sat there and went first."""
+    """The old trimmer dropped the head first: the orientation sat there and went first."""
     pinned = [{"role": "system", "content": "[Identity] ..." * 50}, {"role": "system", "content": "[Cycle brief]"}]
     history = [_m("user", 300), _m("assistant", 300)] * 5 + [_m("user", 10)]
     out = assemble(pinned, history, total_chars(pinned) + 700)

@@ -1,5 +1,5 @@
 """`evolve install` and the deploy templates: systemd-analyze verify and calendar, a crontab line run as
-cron runs it, and the Kubernetes manifest (SPEC §9, issue 6)."""
+cron runs it, and the Kubernetes manifest (docs/DESIGN.md §9, issue 6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The work-selection ladder (SPEC §6) as a pure function: no I/O, probes built by hand.
+"""The work-selection ladder (docs/DESIGN.md §6) as a pure function: no I/O, probes built by hand.
 
 ``drive`` answers the ladder's ``need`` requests the way :mod:`evolve.cycle.select` does (fill that
 field, ask again) and records which probes were asked for, so every test can assert laziness too.
@@ -97,7 +97,7 @@ ALL = {
     "generated": probe(gen("gen-1")),
 }
 
-# -- ranking (SPEC §6 order) ----------------------------------------------------------------------
+# -- ranking (docs/DESIGN.md §6 order) ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -640,7 +640,7 @@ def scenarios(draw):
 def reference(
     sources: Mapping[str, Probe], flags: Mapping[str, Any]
 ) -> tuple[WorkItem | None, list[str], list[str]]:
-    """An independent, deliberately naive statement of SPEC §6 (no metronome, no quarantine)."""
+    """An independent, deliberately naive statement of docs/DESIGN.md §6 (no metronome, no quarantine)."""
 
     def finding(it: WorkItem) -> bool:
         return it.severity.lower() in ("high", "medium")

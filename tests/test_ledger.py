@@ -1,4 +1,4 @@
-"""The append-only ledger (SPEC §3): appends, torn-line repair, malformed lines, backwards tail reads."""
+"""The append-only ledger (docs/DESIGN.md §3): appends, torn-line repair, malformed lines, backwards tail reads."""
 
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def test_append_compares_against_last_well_formed_cycle(led: Ledger) -> None:
 
 
 def test_append_after_torn_tail_keeps_new_entry_intact(led: Ledger) -> None:
-    """SPEC §3: before appending, a torn last line is moved aside, so it never fuses with the new line."""
+    """docs/DESIGN.md §3: before appending, a torn last line is moved aside, so it never fuses with the new line."""
     write(led, line({"cycle": 1}) + b'{"cycle": 2, "res')
     led.append({"cycle": 2, "result": "improved"})
     assert led.path.read_bytes() == line({"cycle": 1}) + line({"cycle": 2, "result": "improved"})

@@ -42,7 +42,7 @@ SESSION_SCHEMA = {"id": str, "runner": str, "started_cycle": int, "last_cycle": 
 CURRENT_SCHEMA = {"pid": OPT_INT, "fire_id": OPT_STR, "fire_started_at": OPT_STR, "fire_elapsed_s": OPT_INT,
                   "cycle": OPT_INT, "work_ref": OPT_STR, "title": OPT_STR, "phase": OPT_STR,
                   "agent_elapsed_s": OPT_INT}
-# SPEC §3: every entry has these; the passthrough must keep each line byte for byte.
+# docs/DESIGN.md §3: every entry has these; the passthrough must keep each line byte for byte.
 ENTRY_KEYS = ("cycle", "result", "timestamp", "target", "selected_source", "work_ref", "mode", "session_id",
               "fire_id")
 

@@ -1,4 +1,4 @@
-"""Reconciling a dead fire (SPEC §4.0): a pure decision from session-state and the ledger."""
+"""Reconciling a dead fire (docs/DESIGN.md §4.0): a pure decision from session-state and the ledger."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The command runner's JSON report (SPEC §10): every key optional except ``result``; junk never crashes."""
+"""The command runner's JSON report (docs/DESIGN.md §10): every key optional except ``result``; junk never crashes."""
 
 from __future__ import annotations
 

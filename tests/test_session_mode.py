@@ -1,4 +1,4 @@
-"""Resume or start fresh (SPEC §5): choose_mode / after_run / note_event are pure decisions."""
+"""Resume or start fresh (docs/DESIGN.md §5): choose_mode / after_run / note_event are pure decisions."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``session-state.json`` (SPEC §2): merge-save, corrupt and wrongly-typed files, read-only loads, jq compatibility."""
+"""``session-state.json`` (docs/DESIGN.md §2): merge-save, corrupt and wrongly-typed files, read-only loads, jq."""
 
 from __future__ import annotations
 

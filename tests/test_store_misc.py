@@ -1,4 +1,4 @@
-"""Atomic writes, files moved/saved aside, markers and the fire lock (SPEC §2)."""
+"""Atomic writes, files moved/saved aside, markers and the fire lock (docs/DESIGN.md §2)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The HTTP runner: an OpenAI-compatible chat-completions server (llama.cpp, vLLM, Ollama, ...).
 
-evolve owns the conversation (SPEC §5, ADR 0032's local-provider path). Each session's history
+evolve owns the conversation (docs/DESIGN.md §5.1, §5.4: the local-provider path). Each session's history
 lives in ``sessions/<session_id>.json``: the non-pinned messages plus the boundaries (the history
 index at the start of each cycle). Every call sends, in order:
 

@@ -1,4 +1,4 @@
-"""Orientation (SPEC §5): what every agent run is told, split the way the runners deliver it.
+"""Orientation (docs/DESIGN.md §5): what every agent run is told, split the way the runners deliver it.
 
 The static block (identity, report protocol, remembered facts) is byte-stable across cycles; the
 dynamic block (cycle brief, work item, intervening events, prior summary) changes every cycle.

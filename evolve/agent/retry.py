@@ -1,4 +1,4 @@
-"""Whether to run the agent again after a failed run (SPEC §5 error taxonomy), as a pure decision.
+"""Whether to run the agent again after a failed run (docs/DESIGN.md §5 error taxonomy), as a pure decision.
 
 ``limit``: wait for the reset (Retry-After) when it fits the fire's remaining budget, else give up
 so the fire can end with 75 and keep the item. ``transient`` infrastructure errors: bounded

@@ -1,4 +1,4 @@
-"""Resume or start fresh (ADR 0032 mapped onto the loop, SPEC §5): a pure decision per cycle."""
+"""Resume or start fresh (docs/DESIGN.md §5.1): a pure decision per cycle."""
 
 from __future__ import annotations
 

@@ -113,7 +113,7 @@ def _errors(result: dict[str, Any]) -> str:
 
 
 def classify(result: dict[str, Any], output_tail: str) -> tuple[str | None, bool]:
-    """``(error_class, context_overflow)`` for an error result (SPEC §5 taxonomy)."""
+    """``(error_class, context_overflow)`` for an error result (docs/DESIGN.md §5 taxonomy)."""
     text = f"{result.get('result') or ''} {_errors(result)}".lower()
     status = result.get("api_error_status")
     reason = str(result.get("terminal_reason") or "")
@@ -172,7 +172,7 @@ def to_report(state: StreamState, *, output_tail: str, window_override: int = 0)
         )
     block = report_block(str(res.get("result") or ""))
     if block is None:
-        # No report block: the claim defaults to improved and the gate decides (SPEC §5: the agent's
+        # No report block: the claim defaults to improved and the gate decides (docs/DESIGN.md §5: the agent's
         # word never decides "improved" anyway).
         return AgentReport(
             "improved", disposition="no report block", summary=str(res.get("result") or "")[:500], **common

@@ -1,4 +1,4 @@
-"""``evolve handoff continue`` and ``evolve handoff fork --purpose TEXT`` (SPEC §7)."""
+"""``evolve handoff continue`` and ``evolve handoff fork --purpose TEXT`` (docs/DESIGN.md §7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The context budget (SPEC §4.3, the seed's rule): heavy-cycle signals and ``context_streak``."""
+"""The context budget (docs/DESIGN.md §4.3, the seed's rule): heavy-cycle signals and ``context_streak``."""
 
 from __future__ import annotations
 

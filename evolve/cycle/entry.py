@@ -1,4 +1,4 @@
-"""Ledger entries (SPEC §3) built from a cycle's facts: pure, so every field is testable."""
+"""Ledger entries (docs/DESIGN.md §3) built from a cycle's facts: pure, so every field is testable."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The gate (SPEC §8): the agent's word is verified — its own changes, the gate commands, the goals.
+"""The gate (docs/DESIGN.md §8): the agent's word is verified — its own changes, the gate commands, the goals.
 
 Red (a gate command, or a goal that passed before the cycle and fails after it) reverts exactly the
 cycle's own commits and changes: the operator's pre-existing dirty paths are never touched.

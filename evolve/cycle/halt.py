@@ -1,4 +1,4 @@
-"""Step 1, the halt gate (SPEC §4.1), as a pure function of an on-disk snapshot.
+"""Step 1, the halt gate (docs/DESIGN.md §4.1), as a pure function of an on-disk snapshot.
 
 Probes with side effects or cost (the dormancy work probe, the governor command) are requested
 lazily: :func:`evaluate` returns ``need`` and the shell fills that field in and asks again, so a

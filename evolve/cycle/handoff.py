@@ -1,4 +1,4 @@
-"""The HANDOFF marker's four lines and the ``context-handoff`` milestone text (SPEC §2, §4.3)."""
+"""The HANDOFF marker's four lines and the ``context-handoff`` milestone text (docs/DESIGN.md §2, §4.3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What to do about a fire that died (SPEC §4.0): a pure decision from session-state and the ledger."""
+"""What to do about a fire that died (docs/DESIGN.md §4.0): a pure decision from session-state and the ledger."""
 
 from __future__ import annotations
 

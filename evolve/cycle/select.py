@@ -1,6 +1,6 @@
 """The shell around the pure ladder: read every source from disk now, fill probes on demand.
 
-Nothing read before a cycle is reused after it (SPEC §6): each call re-reads the queue, asks the
+Nothing read before a cycle is reused after it (docs/DESIGN.md §6): each call re-reads the queue, asks the
 tracker again and re-checks the goal snapshot.
 """
 

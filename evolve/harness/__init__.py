@@ -1,4 +1,4 @@
-"""Harness context (SPEC §7, ADR 43 mapped onto the loop).
+"""Harness context (docs/DESIGN.md §7).
 
 ``autocompact``: the ``.claude/settings.json`` writer and the detector of the harness's own
 autocompact threshold. ``hooks``: the SessionStart hook (nudge and post-compaction re-injection)

@@ -1,4 +1,4 @@
-"""Operator hand-offs (SPEC §7): ``evolve handoff continue`` and ``evolve handoff fork --purpose``.
+"""Operator hand-offs (docs/DESIGN.md §7): ``evolve handoff continue`` and ``evolve handoff fork --purpose``.
 
 An artifact is markdown under ``.agents/evolve/handoffs/`` (local-only, mode 0600), built from
 what the loop already recorded (session-state, the ledger, git) plus the operator's note, with

@@ -1,4 +1,4 @@
-"""The append-only cycle ledger ``cycle-history.jsonl`` (SPEC §3).
+"""The append-only cycle ledger ``cycle-history.jsonl`` (docs/DESIGN.md §3).
 
 One JSON object per line; a line counts only when it ends with ``\\n``. Appends are a single
 ``os.write`` on an ``O_APPEND`` descriptor followed by ``fsync``, made under the fire lock. Reading
@@ -181,7 +181,7 @@ class Ledger:
         cycle = entry_cycle(entry)
         if cycle is None:
             raise LedgerError("ledger entry has no integer 'cycle'")
-        # SPEC §3: a torn last line is moved aside first, or the new line would fuse with it.
+        # docs/DESIGN.md §3: a torn last line is moved aside first, or the new line would fuse with it.
         self.repair_torn()
         last = self.last_cycle()
         if cycle <= last:

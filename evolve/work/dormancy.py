@@ -1,4 +1,4 @@
-"""Dormancy (SPEC §6): when every rung is empty three passes in a row, the loop rests.
+"""Dormancy (docs/DESIGN.md §6): when every rung is empty three passes in a row, the loop rests.
 
 Burst mode writes DORMANT (auto-cleared by Step 1 as soon as work appears); loop mode never writes
 a marker and logs ``blocked.jsonl`` instead. A probe error is never an empty pass.

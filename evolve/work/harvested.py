@@ -1,4 +1,4 @@
-"""The harvested queue ``.agents/rpi/next-work.jsonl`` (schema v1.4, SPEC §6.1).
+"""The harvested queue ``.agents/rpi/next-work.jsonl`` (schema v1.4, docs/DESIGN.md §6.1).
 
 Each line is an entry ``{source_epic, timestamp, items[], consumed, claim_status, ...}``; legacy
 flat rows (an item's fields at the top level) are read too. Rewrites change only the lines they
@@ -13,7 +13,7 @@ and the rank keys of the selectable items — ints that also say which line and 
 line only when the ladder reads one of its items, from the very file the index describes (the view
 keeps it open); a rewrite streams the old file into the new one, replacing only the changed lines.
 
-The file is checked at every call (SPEC §6: re-read every source at each selection), but it is
+The file is checked at every call (docs/DESIGN.md §6: re-read every source at each selection), but it is
 parsed again only where it changed. Each call stats the file and then
 
 * same inode, size, mtime and ctime → the index stands (unless the file was modified so close to

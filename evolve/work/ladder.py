@@ -1,4 +1,4 @@
-"""The work-selection ladder (SPEC §6) as a pure function of what the sources said.
+"""The work-selection ladder (docs/DESIGN.md §6) as a pure function of what the sources said.
 
 Rungs in order (standard): harvested → beads → goals (directive gaps, then failing goals) →
 generators. ``--quality`` puts high and medium harvested findings first. Probes are asked for

@@ -25,7 +25,7 @@ def load_goals(repo: Path) -> GoalsFile | None:
     """The repo's goals: ``GOALS.md`` first, then ``GOALS.yaml``/``.yml``; None when there is no file.
 
     ``GOALS.md`` (v4: directives plus a gates table) wins over the YAML files (v1–v3), as in the agentops
-    tooling (SPEC §6.3, spec notes §1.5 and §1.8). A malformed file is a :class:`GoalsError`.
+    tooling (docs/DESIGN.md §6.3). A malformed file is a :class:`GoalsError`.
     """
     for name in GOALS_FILES:
         path = repo / name
