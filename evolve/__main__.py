@@ -1,5 +1,5 @@
 """``python -m evolve`` entry point."""
 
-from evolve.cli import main
+from evolve.cli import entry
 
-raise SystemExit(main())
+entry()

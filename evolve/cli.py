@@ -48,6 +48,26 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def entry() -> None:
+    """The ``evolve`` console script and ``python -m evolve``: :func:`main`, tuned for a short-lived process.
+
+    ``evolve hook session-start`` runs at every agent session start, so it goes straight to the hook
+    without building the parser. Before exit the objects still alive are frozen out of the cyclic
+    collector: the process ends now, and interpreter shutdown otherwise walks them all once more
+    (measured in docs/PERFORMANCE.md). Tests call :func:`main` in-process and get neither.
+    """
+    import gc
+
+    if sys.argv[1:] == ["hook", "session-start"]:
+        from evolve.harness.hooks import main_hook
+
+        code = main_hook(sys.stdin, sys.stdout)
+    else:
+        code = main()
+    gc.freeze()
+    raise SystemExit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     try:

@@ -7,7 +7,8 @@ generators and the tracker) is started by :func:`spawn` (most through :func:`run
 so a child's own children never outlive it. The group id is handed to ``on_start`` so it can be
 recorded in session-state and reaped by a later fire if this one dies.
 
-Base level: it imports nothing from ``agent``, ``cycle`` or ``work``, which all use it.
+The process layer (docs/DESIGN.md §13): above ``store`` (run logs are opened through it), below
+``work``, ``agent`` and ``cycle``, which all use it.
 """
 
 from __future__ import annotations
