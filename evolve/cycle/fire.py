@@ -383,6 +383,8 @@ class Fire:
         attempt = 0
         while True:
             report = scrub(runner.run(inv, on_start=on_start, stop=self.stop, on_heartbeat=on_heartbeat))
+            if report.warnings:  # the report is untrusted input: say what parsing capped, dropped or zeroed
+                self.log.warning("agent.report_sanitized", cycle=cycle, warnings=report.warnings)
             again = retry.decide(
                 report,
                 attempt,
