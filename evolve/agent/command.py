@@ -12,10 +12,8 @@ import re
 import threading
 from collections.abc import Callable, Mapping
 
-import orjson
-
 from evolve.agent.invocation import Invocation
-from evolve.agent.report import AgentReport, parse_report
+from evolve.agent.report import AgentReport, loads_report, parse_report
 from evolve.config import AgentConfig
 from evolve.procgroup import Limits, run_group
 from evolve.secrets import secret_values
@@ -131,7 +129,7 @@ class CommandRunner:
 
 def _parse(raw: bytes) -> AgentReport:
     try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError:
+        obj = loads_report(raw)
+    except ValueError:
         return AgentReport("failed", error_class="crashed", error="report file is not valid JSON")
     return parse_report(obj)

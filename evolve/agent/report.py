@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +57,22 @@ def _finite_nonneg(v: Any) -> bool:
     if isinstance(v, bool) or not isinstance(v, int | float):
         return False
     return v >= 0 and (isinstance(v, int) or math.isfinite(v))
+
+
+def loads_report(raw: bytes | str) -> Any:
+    """A report's JSON. Strict first; failing that, once more with ``NaN``/``Infinity`` accepted (as NaN),
+    which Python's ``json.dumps`` writes for a non-finite float: such a report is not thrown away whole,
+    its numbers are zeroed with a warning by :func:`parse_report`. Raises ``ValueError`` when not JSON."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        strict_error = exc
+    try:
+        obj = json.loads(raw, parse_constant=lambda _: math.nan)
+        orjson.dumps(obj)  # what the strict parser would also refuse (lone surrogates, huge ints, nesting)
+    except (ValueError, TypeError, RecursionError, orjson.JSONEncodeError):
+        raise strict_error from None
+    return obj
 
 
 def strip_lifecycle(item: dict[str, Any]) -> dict[str, Any]:

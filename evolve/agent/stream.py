@@ -14,7 +14,15 @@ from typing import Any
 
 import orjson
 
-from evolve.agent.report import INT_MAX, AgentReport, Usage, _finite_nonneg, parse_report, session_id_or_none
+from evolve.agent.report import (
+    INT_MAX,
+    AgentReport,
+    Usage,
+    _finite_nonneg,
+    loads_report,
+    parse_report,
+    session_id_or_none,
+)
 
 _REPORT_BLOCK = re.compile(r"```evolve-report[ \t]*\n(.*?)```", re.S)
 _OVERFLOW = ("prompt is too long", "prompt too long", "context window", "context length")
@@ -86,8 +94,8 @@ def report_block(text: str) -> dict[str, Any] | None:
     if not blocks:
         return None
     try:
-        obj = orjson.loads(blocks[-1])
-    except orjson.JSONDecodeError:
+        obj = loads_report(blocks[-1])
+    except ValueError:
         return None
     return obj if isinstance(obj, dict) else None
 
