@@ -9,6 +9,7 @@ visibility timeout. Parsers are tested pure; the rest through real fires of the 
 from __future__ import annotations
 
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -323,3 +324,29 @@ def test_a_claim_renewed_after_selection_is_claim_lost(tmp_path: Path) -> None:
     with pytest.raises(ClaimLost):
         q.claim(item, "evolve:cycle-1", utc_iso())
     assert jsonl(q.path)[0]["items"][0]["claimed_by"] == "other-tool"
+
+
+# -- the report file ------------------------------------------------------------------------------------
+
+
+def test_report_file_is_read_as_untrusted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from evolve.agent import command
+
+    p = tmp_path / "report.json"
+    assert command.read_report_file(p) is None
+    p.write_bytes(b'{"result": "improved"}')
+    assert command.read_report_file(p) == b'{"result": "improved"}'
+    monkeypatch.setattr(command, "REPORT_MAX_BYTES", 10)
+    assert command.read_report_file(p) == b""  # too big: read no further, parsed as "not JSON"
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert command.read_report_file(fifo) == b""  # would block for ever waiting for a writer
+
+
+def test_a_report_file_symlinked_to_a_device_fails_the_cycle_not_the_fire(env: Env, cli) -> None:
+    env.queue(entry("first"))
+    env.write_config(agent={"argv": ["sh", "-c", 'ln -s /dev/zero "$EVOLVE_REPORT_FILE"']})
+    r = cli("fire", "--cycles", "1", timeout=60)
+    assert r.code == 0, r.stderr
+    e = env.ledger()[-1]
+    assert (e["result"], e["error_class"], e["error"]) == ("failed", "crashed", "report file is not valid JSON")
