@@ -80,6 +80,8 @@ class WorkConfig:
     probe_timeout_s: float = 30
     goal_timeout_s: float = 60
     goals_timeout_s: float = 300
+    max_new_work: int = 20  # follow-ups queued per agent report; the rest are logged and dropped
+    claim_visibility_minutes: float = 0  # a foreign in_progress claim older than this is taken over; 0 = fire's
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,8 @@ RANGES: dict[tuple[str, str], tuple[float, float]] = {
     ("work", "probe_timeout_s"): (0.1, 1 << 30),
     ("work", "goal_timeout_s"): (0.1, 1 << 30),
     ("work", "goals_timeout_s"): (0.1, 1 << 30),
+    ("work", "max_new_work"): (0, 1000),  # agent/report.py NEW_WORK_PARSED_MAX: what a report may carry at all
+    ("work", "claim_visibility_minutes"): (0, 1 << 30),
     ("breaker", "max_consecutive_failures"): (1, 1_000_000),
     ("breaker", "cooldown_minutes"): (0, 1 << 30),
     ("halt", "kill_ttl_days"): (0, 1 << 30),
@@ -335,6 +339,13 @@ def resolve(
 
 def load(config_path: Path, env: Mapping[str, str], flags: Mapping[str, Mapping[str, Any]] | None = None) -> Config:
     return resolve(load_toml(config_path), str(config_path), env, flags)
+
+
+def claim_visibility_s(cfg: Config) -> float:
+    """How long another tool's ``in_progress`` claim on a harvested item holds (docs/DESIGN.md §6.1):
+    ``work.claim_visibility_minutes``, else a fire's own length (``fire.max_minutes``), else an hour."""
+    minutes = cfg.work.claim_visibility_minutes or cfg.fire.max_minutes or 60
+    return minutes * 60
 
 
 def as_dict(cfg: Config) -> dict[str, Any]:

@@ -55,6 +55,9 @@ TEMPLATE = """\
 # probe_timeout_s = 30       # tracker (bd ready) and generator commands
 # goal_timeout_s = 60        # one GOALS check
 # goals_timeout_s = 300      # all GOALS checks of one measurement
+# max_new_work = 20          # follow-up items queued per agent report (0-1000); the rest are logged, dropped
+# claim_visibility_minutes = 0   # another tool's in_progress claim older than this is taken over;
+#                                # 0 = fire.max_minutes (an hour when that is 0)
 
 [gate]
 # commands = []              # list of argv lists, run in order after the agent

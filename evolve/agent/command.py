@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import threading
 from collections.abc import Callable, Mapping
-
-import orjson
+from pathlib import Path
 
 from evolve.agent.invocation import Invocation
-from evolve.agent.report import AgentReport, parse_report
+from evolve.agent.report import AgentReport, loads_report, parse_report
 from evolve.config import AgentConfig
 from evolve.procgroup import Limits, run_group
 from evolve.secrets import secret_values
 from evolve.store.atomic import write_new
 
 PLACEHOLDER = re.compile(r"\{(prompt_file|report_file|session_id|mode|work_json|cycle)\}")
+# A report's texts are capped far below this (agent/report.py); the bound is on what is read at all.
+REPORT_MAX_BYTES = 64 * 1024 * 1024
 ENV_NAMES = {
     "prompt_file": "EVOLVE_PROMPT_FILE",
     "report_file": "EVOLVE_REPORT_FILE",
@@ -113,10 +115,7 @@ class CommandRunner:
             return AgentReport(
                 "failed", error_class="timeout", error=f"agent {proc.timed_out} timeout; process group killed", **base
             )
-        try:
-            raw = inv.report_file.read_bytes()
-        except FileNotFoundError:
-            raw = None
+        raw = read_report_file(inv.report_file)
         if proc.returncode != 0:
             report = _parse(raw) if raw else None
             cls = report.error_class if report and report.error_class else "crashed"
@@ -129,9 +128,31 @@ class CommandRunner:
         return AgentReport(**{**report.__dict__, **base})
 
 
+def read_report_file(path: Path) -> bytes | None:
+    """The report file's bytes; None when there is none. The agent wrote it, so it is read as untrusted:
+    a regular file (a symlink to a device or a FIFO would never end), at most REPORT_MAX_BYTES (more
+    is returned as not JSON rather than held in memory)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return b""  # unreadable: "not valid JSON", a crashed cycle
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return b""
+        chunks, size = [], 0
+        while size <= REPORT_MAX_BYTES and (chunk := os.read(fd, 1 << 20)):
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"" if size > REPORT_MAX_BYTES else b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def _parse(raw: bytes) -> AgentReport:
     try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError:
+        obj = loads_report(raw)
+    except ValueError:
         return AgentReport("failed", error_class="crashed", error="report file is not valid JSON")
     return parse_report(obj)

@@ -38,7 +38,7 @@ import orjson
 
 from evolve import __version__, gitops
 from evolve.agent.invocation import Invocation
-from evolve.agent.report import AgentReport, Usage, parse_report
+from evolve.agent.report import AgentReport, Usage, loads_report, parse_report
 from evolve.config import AgentConfig
 from evolve.results import SUCCESS
 from evolve.store.atomic import write_json, write_new
@@ -148,8 +148,8 @@ def report_from_reply(content: str) -> AgentReport:
     if block is None:
         return AgentReport("improved", disposition="no report block", summary=prose(content))
     try:
-        obj = orjson.loads(block)
-    except orjson.JSONDecodeError:
+        obj = loads_report(block)
+    except ValueError:
         return AgentReport("improved", disposition="invalid report block: not JSON", summary=prose(content))
     report = parse_report(obj)
     if report.result == "failed" and isinstance(obj, dict) and obj.get("result") != "failed":

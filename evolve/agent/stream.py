@@ -14,7 +14,15 @@ from typing import Any
 
 import orjson
 
-from evolve.agent.report import AgentReport, Usage, _finite_nonneg, parse_report
+from evolve.agent.report import (
+    INT_MAX,
+    AgentReport,
+    Usage,
+    _finite_nonneg,
+    loads_report,
+    parse_report,
+    session_id_or_none,
+)
 
 _REPORT_BLOCK = re.compile(r"```evolve-report[ \t]*\n(.*?)```", re.S)
 _OVERFLOW = ("prompt is too long", "prompt too long", "context window", "context length")
@@ -57,7 +65,7 @@ class StreamState:
         if not isinstance(msg, dict):
             return
         kind, sub = msg.get("type"), msg.get("subtype")
-        sid = msg.get("session_id") if isinstance(msg.get("session_id"), str) and msg["session_id"] else None
+        sid = session_id_or_none(msg.get("session_id"))
         if sid and not self.session_id:
             self.session_id = sid
         if kind == "system" and sub == "init":
@@ -86,8 +94,8 @@ def report_block(text: str) -> dict[str, Any] | None:
     if not blocks:
         return None
     try:
-        obj = orjson.loads(blocks[-1])
-    except orjson.JSONDecodeError:
+        obj = loads_report(blocks[-1])
+    except ValueError:
         return None
     return obj if isinstance(obj, dict) else None
 
@@ -146,15 +154,8 @@ def to_report(state: StreamState, *, output_tail: str, window_override: int = 0)
             usage=state.last_usage,
             num_turns=state.turns,
         )
-    sid, turns = res.get("session_id"), res.get("num_turns")
-    common = {
-        "session_id": sid if isinstance(sid, str) and sid else state.session_id,
-        "usage": state.last_usage,
-        "cost_usd": float(res["total_cost_usd"]) if _finite_nonneg(res.get("total_cost_usd")) else 0.0,
-        "num_turns": turns if isinstance(turns, int) and not isinstance(turns, bool) and turns >= 0 else state.turns,
-        "context_window": window_override or context_window(res),
-        "compacted": state.compactions > 0,
-    }
+    common = _result_fields(state, res)
+    common["context_window"] = window_override or context_window(res)
     subtype = res.get("subtype")
     if res.get("is_error") or (isinstance(subtype, str) and subtype.startswith("error")):
         cls, overflow = classify(res, output_tail)
@@ -184,5 +185,28 @@ def to_report(state: StreamState, *, output_tail: str, window_override: int = 0)
             **common,
             "context_heavy": parsed.context_heavy,
             "compacted": parsed.compacted or common["compacted"],
+            "warnings": [*parsed.warnings, *common["warnings"]],
         }
     )
+
+
+def _result_fields(state: StreamState, res: dict[str, Any]) -> dict[str, Any]:
+    """What the stream itself says about the run; numbers the CLI (or whatever answers as it) got
+    wrong are recorded as 0 (or the stream's own count) with a warning, never as NaN or a negative."""
+    warnings: list[str] = []
+    sid, turns, cost = res.get("session_id"), res.get("num_turns"), res.get("total_cost_usd")
+    if not _finite_nonneg(cost) and cost is not None:
+        warnings.append("total_cost_usd: not a finite non-negative number (recorded as 0)")
+    counted = isinstance(turns, int) and not isinstance(turns, bool) and 0 <= turns <= INT_MAX
+    if not counted and turns is not None:
+        warnings.append("num_turns: not a non-negative 64-bit integer (the stream's own count recorded)")
+    if session_id_or_none(sid) is None and sid not in (None, ""):
+        warnings.append("session_id: not a printable string of at most 256 chars (the stream's own id kept)")
+    return {
+        "session_id": session_id_or_none(sid) or state.session_id,
+        "usage": state.last_usage,
+        "cost_usd": float(cost) if _finite_nonneg(cost) else 0.0,
+        "num_turns": turns if counted else state.turns,
+        "compacted": state.compactions > 0,
+        "warnings": warnings,
+    }

@@ -51,6 +51,8 @@ def agent_fields(report: AgentReport, reading: ContextReading | None) -> dict[st
         out["context_pct"] = reading.pct
         out["context_heavy"] = reading.heavy
         out["context_signal"] = reading.signal
+    if report.warnings:
+        out["report_warnings"] = report.warnings  # field names and counts only: nothing to redact
     if report.error_class:
         out["error_class"] = report.error_class
         out["error"] = redact(report.error[:300], secrets)

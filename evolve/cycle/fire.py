@@ -116,7 +116,7 @@ class Fire:
         self.stop = stop or threading.Event()
         self.signal_received: int | None = None
         self.mode = opts.mode or cfg.fire.mode
-        self.selector = Selector(paths, cfg, self.env, self.log, write=not opts.dry_run, sources=sources)
+        self.selector = Selector(paths, cfg, self.env, self.log, write=not opts.dry_run, sources=sources, clock=clock)
         self.gate = Gate(paths, cfg, self.log, self.env)
         self.ctx = FireContext(
             paths, cfg, self.ledger, self.log, clock, self.fire_id, self.env, self.selector,
@@ -247,6 +247,9 @@ class Fire:
         self.ctx.save()
         src = self.ctx.source(item.source)
         assert src is not None
+        if item.data.get("claim_status") == "in_progress":  # selected only because that claim went stale
+            held = {k: str(item.data.get(k))[:200] for k in ("claimed_by", "claimed_at")}
+            self.log.warning("claim.stale_taken", ref=item.ref, **held)
         try:
             src.claim(item, claimer, now)
         except ClaimLost:
@@ -383,6 +386,8 @@ class Fire:
         attempt = 0
         while True:
             report = scrub(runner.run(inv, on_start=on_start, stop=self.stop, on_heartbeat=on_heartbeat))
+            if report.warnings:  # the report is untrusted input: say what parsing capped, dropped or zeroed
+                self.log.warning("agent.report_sanitized", cycle=cycle, warnings=report.warnings)
             again = retry.decide(
                 report,
                 attempt,

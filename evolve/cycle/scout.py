@@ -4,13 +4,17 @@ A scout's ``split`` queues the children (``discovered_from`` the parent) and ann
 ``defer`` sets a disposition the ladder skips, ``park`` blocks the item for an operator: each through
 the item's own :class:`~evolve.work.item.WorkSource`. Follow-up work an agent reports after work that
 stands is appended to the harvested queue, deduplicated against open and consumed items.
+
+What an agent proposes is untrusted (docs/DESIGN.md §5.3): at most ``work.max_new_work`` items of one
+report are queued (the rest are logged with ``queue.new_work_dropped`` and dropped), and each enters
+the queue available, whatever lifecycle fields it came with.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from evolve.agent.report import AgentReport
+from evolve.agent.report import AgentReport, strip_lifecycle
 from evolve.cycle.context import FireContext
 from evolve.timeutil import utc_iso
 from evolve.work import generators
@@ -30,8 +34,9 @@ def apply(ctx: FireContext, cycle: int, item: WorkItem, report: AgentReport, cla
         if src is not None:
             src.release(item, claimer, now, "scout")
         if kind == "split" and report.new_work:
-            children = [{**c, "discovered_from": item.ref} for c in report.new_work]
-            queue_new_work(ctx, cycle, children, epic=f"scout-split:{item.ref}")
+            epic = f"scout-split:{item.ref}"
+            children = proposed(ctx, cycle, [{**c, "discovered_from": item.ref} for c in report.new_work], epic=epic)
+            append_work(ctx, cycle, children, epic=epic)
             if src is not None:
                 src.split(item, now, children)
         elif kind == "defer" and src is not None:
@@ -44,9 +49,32 @@ def apply(ctx: FireContext, cycle: int, item: WorkItem, report: AgentReport, cla
 
 
 def queue_new_work(ctx: FireContext, cycle: int, items: list[dict[str, Any]], *, epic: str) -> int:
-    """Follow-up work the agent reported, appended to the harvested queue (deduplicated)."""
+    """Follow-up work the agent reported, appended to the harvested queue (bounded, deduplicated)."""
+    return append_work(ctx, cycle, proposed(ctx, cycle, items, epic=epic), epic=epic)
+
+
+def proposed(ctx: FireContext, cycle: int, items: list[dict[str, Any]], *, epic: str) -> list[dict[str, Any]]:
+    """The titled items of one report, lifecycle fields stripped, the first ``work.max_new_work`` of them."""
     defaults = {"description": "", "type": "task", "severity": "medium", "source": "evolve-cycle"}
-    clean = [{**defaults, **it} for it in items if isinstance(it.get("title"), str) and it["title"].strip()]
+    # Stripped here too, not only when the report was parsed: this is where the queue's invariant lives.
+    clean = [
+        {**defaults, **strip_lifecycle(it)} for it in items if isinstance(it.get("title"), str) and it["title"].strip()
+    ]
+    limit = ctx.cfg.work.max_new_work
+    if len(clean) > limit:
+        ctx.log.warning(
+            "queue.new_work_dropped",
+            cycle=cycle,
+            epic=epic,
+            proposed=len(clean),
+            kept=limit,
+            dropped=len(clean) - limit,
+        )
+    return clean[:limit]
+
+
+def append_work(ctx: FireContext, cycle: int, clean: list[dict[str, Any]], *, epic: str) -> int:
+    """Append ``clean`` (from :func:`proposed`) to the harvested queue, less what it already holds."""
     harvested = ctx.selector.harvested
     fresh = generators.dedup(clean, harvested.known_keys(keys_of(clean)))
     if fresh:

@@ -6,11 +6,12 @@ tracker again and re-checks the goal snapshot.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from evolve.config import Config
+from evolve.config import Config, claim_visibility_s
 from evolve.paths import Paths
 from evolve.store.ledger import Ledger
 from evolve.store.markers import read_marker
@@ -32,13 +33,20 @@ class Selector:
         *,
         write: bool = True,
         sources: list[WorkSource] | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.paths = paths
         self.cfg = cfg
         self.env = dict(env)
         self.log = log
         self.write = write
-        self.harvested = HarvestedQueue(paths.nextwork, repo_names=(paths.repo.name,), quality=cfg.work.quality)
+        self.harvested = HarvestedQueue(
+            paths.nextwork,
+            repo_names=(paths.repo.name,),
+            quality=cfg.work.quality,
+            claim_visibility_s=claim_visibility_s(cfg),  # another tool's stale claim is taken over
+            clock=clock,
+        )
         self.beads = BeadsSource(cfg.work.beads_command, paths.repo, timeout_s=cfg.work.probe_timeout_s, env=env)
         self.goals = GoalsSource(
             paths.repo,

@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import heapq
+import math
 import os
 import tempfile
 import time
@@ -65,6 +67,7 @@ from evolve.store.jsonl import (
     read_lines,
     stat_sig,
 )
+from evolve.timeutil import parse_iso
 from evolve.work.item import ClaimLost, LazyItems, SourceError, WorkItem, fast_clean, item_keys
 
 CONCRETE = ("bug", "tech-debt", "improvement", "feature", "pattern-fix", "task")
@@ -105,10 +108,29 @@ def item_ref(entry: dict[str, Any], item: dict[str, Any]) -> str:
     return f"source_epic={epic or ''}:item={item.get('title', '')}"
 
 
-def item_selectable(entry: dict[str, Any], item: dict[str, Any]) -> bool:
-    if entry.get("consumed") is True or item.get("consumed") is True:
+def claimed_at(item: dict[str, Any]) -> float:
+    """When an ``in_progress`` item was claimed (epoch seconds): its ``claimed_at`` as ISO 8601 or as
+    epoch seconds; ``-inf`` when missing or unparsable, so the claim counts as stale at once (every
+    v1.4 writer dates its claims; one that cannot be dated could otherwise never expire)."""
+    raw = item.get("claimed_at")
+    if isinstance(raw, int | float) and not isinstance(raw, bool) and math.isfinite(raw):
+        return float(raw)
+    at = parse_iso(raw)
+    return at if at is not None else -math.inf
+
+
+def claim_stale(at: float, now: float, visibility_s: float | None) -> bool:
+    """An ``in_progress`` claim made at ``at`` no longer holds at ``now``: older than the visibility
+    timeout, or dated more than that far in the future (a clock that far off is no date at all).
+    ``visibility_s`` None: claims never expire."""
+    if visibility_s is None:
         return False
-    if item.get("claim_status") not in (None, "available"):
+    return now - at >= visibility_s or at - now > visibility_s
+
+
+def _open_item(entry: dict[str, Any], item: dict[str, Any]) -> bool:
+    """Selectable but for its claim: everything :func:`item_selectable` checks except ``claim_status``."""
+    if entry.get("consumed") is True or item.get("consumed") is True:
         return False
     if item.get("status") not in (None, "ready"):
         return False
@@ -119,6 +141,20 @@ def item_selectable(entry: dict[str, Any], item: dict[str, Any]) -> bool:
     if isinstance(disposition, str) and disposition.startswith("defer:"):
         return False
     return isinstance(item.get("title"), str) and bool(item["title"].strip())
+
+
+def item_selectable(
+    entry: dict[str, Any], item: dict[str, Any], now: float | None = None, visibility_s: float | None = None
+) -> bool:
+    """The item may be claimed now: open, and unclaimed or (given ``now`` and ``visibility_s``) under an
+    ``in_progress`` claim that has gone stale — another tool's, or a dead evolve's whose state was lost.
+    evolve's own live claim needs no timeout: the fire lock keeps a second fire out of this repo."""
+    if not _open_item(entry, item):
+        return False
+    status = item.get("claim_status")
+    if status in (None, "available"):
+        return True
+    return status == "in_progress" and now is not None and claim_stale(claimed_at(item), now, visibility_s)
 
 
 def _scope_rank(item: dict[str, Any], repo_names: tuple[str, ...]) -> int | None:
@@ -256,10 +292,21 @@ class HarvestedQueue:
 
     name = "harvested"
 
-    def __init__(self, path: Path, repo_names: tuple[str, ...] = (), quality: bool = False) -> None:
+    def __init__(
+        self,
+        path: Path,
+        repo_names: tuple[str, ...] = (),
+        quality: bool = False,
+        *,
+        claim_visibility_s: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.path = path
         self.repo_names = repo_names
         self.quality = quality
+        # How long an in_progress claim found in the file holds (None: for ever), measured on ``clock``.
+        self.claim_visibility_s = claim_visibility_s
+        self.clock = clock
         self._forget()
 
     # -- the index ---------------------------------------------------------------------------
@@ -276,6 +323,9 @@ class HarvestedQueue:
         self._starts: array[int] = array("q")  # where each non-blank line starts
         self._ends: array[int] = array("q")  # … and ends (before its newline)
         self._keys: list[int] = []  # packed rank keys of the selectable items, ascending
+        # Items selectable but for an in_progress claim: packed rank key → when claimed. Few, and whether
+        # each has gone stale depends on the time of the call, so they are checked at each candidates().
+        self._claims: dict[int, float] = {}
         self.malformed = 0
 
     @property
@@ -391,24 +441,46 @@ class HarvestedQueue:
                     if obj is None:
                         self.malformed += 1
                     else:
-                        out.extend(self._ranked(li, obj))
+                        out.extend(self._take(self._ranked(li, obj)))
                     li += 1
         return out
 
-    def _ranked(self, li: int, entry: dict[str, Any]) -> Iterator[int]:
-        """The rank keys of line ``li``'s selectable items (``entry`` is its content)."""
+    def _ranked(self, li: int, entry: dict[str, Any]) -> Iterator[tuple[int, float | None]]:
+        """``(rank key, claimed at)`` of line ``li``'s selectable items (``entry`` is its content);
+        ``claimed at`` is None for an unclaimed item, else when its in_progress claim was made."""
         if entry.get("consumed") is True:
             return
         for ii, item in enumerate(entry_items(entry)):
-            if item_selectable(entry, item):
-                scope = _scope_rank(item, self.repo_names)
-                if scope is not None:
-                    yield _packed_key(item, li << _ITEM_BITS | ii, scope, self.quality)
+            if not _open_item(entry, item):
+                continue
+            status = item.get("claim_status")
+            if status in (None, "available"):
+                claim = None
+            elif status == "in_progress" and self.claim_visibility_s is not None:
+                claim = claimed_at(item)
+            else:
+                continue
+            scope = _scope_rank(item, self.repo_names)
+            if scope is not None:
+                yield _packed_key(item, li << _ITEM_BITS | ii, scope, self.quality), claim
+
+    def _take(self, ranked: Iterator[tuple[int, float | None]]) -> list[int]:
+        """Note the claimed items of ``ranked``; returns the rank keys of the unclaimed ones."""
+        out = []
+        for key, claim in ranked:
+            if claim is None:
+                out.append(key)
+            else:
+                self._claims[key] = claim
+        return out
 
     def _unindex(self, li: int, entry: dict[str, Any]) -> None:
         """Take line ``li``'s items (``entry``, its content when indexed) out of the ranking."""
         keys = self._keys
-        for key in self._ranked(li, entry):
+        for key, claim in self._ranked(li, entry):
+            if claim is not None:
+                self._claims.pop(key, None)
+                continue
             k = bisect.bisect_left(keys, key)
             if k < len(keys) and keys[k] == key:
                 del keys[k]
@@ -433,7 +505,13 @@ class HarvestedQueue:
         fd = self._open()
         if fd is None:
             return LazyItems(0, _no_item)
-        keys = self._keys if since_line <= 0 else [k for k in self._keys if _where(k)[0] >= since_line]
+        keys = self._keys
+        if self._claims:
+            now = self.clock()
+            stale = sorted(k for k, at in self._claims.items() if claim_stale(at, now, self.claim_visibility_s))
+            keys = list(heapq.merge(keys, stale)) if stale else keys
+        if since_line > 0:
+            keys = [k for k in keys if _where(k)[0] >= since_line]
         if not keys:
             os.close(fd)
             return LazyItems(0, _no_item)
@@ -479,8 +557,15 @@ class HarvestedQueue:
     # -- lifecycle -------------------------------------------------------------------------
 
     def claim(self, item: WorkItem, claimer: str, now: str) -> None:
+        """Claim an unclaimed item, or take over a stale claim; a claim that still holds is ClaimLost."""
         fields = {"claim_status": "in_progress", "claimed_by": claimer, "claimed_at": now}
-        self._update(item, item_selectable, fields, required=True)
+        at = parse_iso(now)
+        when = self.clock() if at is None else at
+
+        def selectable(entry: dict[str, Any], it: dict[str, Any]) -> bool:
+            return item_selectable(entry, it, when, self.claim_visibility_s)
+
+        self._update(item, selectable, fields, required=True)
 
     def finalize(self, item: WorkItem, claimer: str, now: str) -> None:
         done = {"consumed": True, "claim_status": "consumed", "consumed_by": claimer, "consumed_at": now}
@@ -638,7 +723,7 @@ class HarvestedQueue:
                     before = parse_object(edit.before[li])
                     if before is not None:
                         self._unindex(li, before)
-                    self._insert(list(self._ranked(li, entry)))
+                    self._insert(self._take(self._ranked(li, entry)))
             self._starts, self._ends = new.starts, new.ends
             self._size, self._tail, self._digest = new.size, new.tail, new.digest
             st = os.stat(self.path)
