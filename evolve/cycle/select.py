@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from evolve.childenv import work_env
 from evolve.config import Config
 from evolve.paths import Paths
 from evolve.store.ledger import Ledger
@@ -35,11 +36,12 @@ class Selector:
     ) -> None:
         self.paths = paths
         self.cfg = cfg
-        self.env = dict(env)
+        # Tracker, generators and goal checks run in the repo: each gets an allow-listed env (childenv).
+        self.env = work_env(env, cfg.work.pass_env)
         self.log = log
         self.write = write
         self.harvested = HarvestedQueue(paths.nextwork, repo_names=(paths.repo.name,), quality=cfg.work.quality)
-        self.beads = BeadsSource(cfg.work.beads_command, paths.repo, timeout_s=cfg.work.probe_timeout_s, env=env)
+        self.beads = BeadsSource(cfg.work.beads_command, paths.repo, timeout_s=cfg.work.probe_timeout_s, env=self.env)
         self.goals = GoalsSource(
             paths.repo,
             paths.evolve_dir,
@@ -47,6 +49,7 @@ class Selector:
             total_timeout_s=cfg.work.goals_timeout_s,
             env=env,
             write=write,
+            pass_env=cfg.gate.pass_env,
         )
         self.sources: list[WorkSource] = sources or [self.harvested, self.beads, self.goals]
         self.generated_preview: list[dict[str, Any]] = []
