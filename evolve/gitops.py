@@ -63,6 +63,11 @@ _PROGRAM_KEYS = re.compile(
     r"|gpg(\..+)?\.program|gpg\.ssh\.defaultkeycommand|core\.sshcommand|core\.editor|sequence\.editor"
     r"|core\.pager|core\.askpass|core\.hookspath|core\.fsmonitor)$"
 )
+# What a pinned key falls back to when the operator's config has no value: git's own default
+# program (signing and ssh must still work); any other key pinned empty means "no program".
+_PROGRAM_DEFAULTS = {"gpg.program": "gpg", "gpg.openpgp.program": "gpg", "gpg.x509.program": "gpgsm",
+                     "gpg.ssh.program": "ssh-keygen", "core.sshcommand": "ssh", "core.pager": "cat",
+                     "core.editor": "true", "sequence.editor": "true"}
 # Subcommands that may read or write work-tree content (filters, merge drivers), sign, or reach a remote.
 _CONTENT = frozenset({"add", "apply", "checkout", "commit", "push", "reset", "restore", "revert", "stash", "status"})
 
@@ -110,8 +115,8 @@ def _repo_program_overrides(repo: Path, env: Mapping[str, str]) -> list[str]:
             operator[key] = value
         else:  # local, worktree, and anything git adds later: not the operator's to trust
             local.add(key)
-    pins = [f"{key}={operator.get(key, '')}" for key in sorted(local)
-            if key not in ("core.hookspath", "core.fsmonitor")]  # pinned already by _config_args
+    pins = [f"{key}={operator.get(key, _PROGRAM_DEFAULTS.get(key.lower(), ''))}" for key in sorted(local)
+            if key.lower() not in ("core.hookspath", "core.fsmonitor")]  # pinned already by _config_args
     return [arg for kv in pins for arg in ("-c", kv)]
 
 
