@@ -158,7 +158,7 @@ class ClaudeRunner:
                     on_output=state.feed,
                     stop=stop,
                     on_heartbeat=beat,
-                    redact_values=secret_values(env),
+                    redact_values=secret_values({**self.base_env, **env}),  # all evolve holds
                 )
             except OSError as exc:
                 return AgentReport("failed", error_class="fatal", error=f"cannot start {self.cfg.argv[0]!r}: {exc}")

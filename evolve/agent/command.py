@@ -112,7 +112,8 @@ class CommandRunner:
                 on_start=on_start,
                 stop=stop,
                 on_heartbeat=on_heartbeat,
-                redact_values=secret_values(env),
+                # Every secret evolve holds is masked, not only the ones the agent was given.
+                redact_values=secret_values({**self.base_env, **env}),
             )
         except OSError as exc:
             return AgentReport("failed", error_class="fatal", error=f"cannot start agent {argv[0]!r}: {exc}")
