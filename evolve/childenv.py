@@ -11,8 +11,10 @@ Base layer: imports nothing from evolve.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import sys
 from collections.abc import Iterable, Mapping
 
 # What any program needs to behave like it does in the operator's shell, and nothing secret.
@@ -92,3 +94,22 @@ def child_env(
     if set_:
         out.update(set_)
     return out
+
+
+def seal_own_environ() -> bool:
+    """Make this process's ``/proc/<pid>/environ`` (and memory) unreadable to the user's other processes.
+
+    An allow-listed child env is worth little if the child can read the fire's own environment from
+    ``/proc``: any process of the same user may, unless the fire is not "dumpable"
+    (``prctl(PR_SET_DUMPABLE, 0)``). Children get their own dumpable flag back at exec, so
+    reconcile still finds them by their ``EVOLVE_FIRE_ID``. Linux only; no core dumps of evolve
+    after this. Returns whether it took effect.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(4, 0, 0, 0, 0)) == 0  # PR_SET_DUMPABLE = 4
+    return False

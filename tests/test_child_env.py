@@ -9,11 +9,14 @@ allow-listed environments.
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
 import orjson
+import pytest
 from support import Env, entry, git
 
 from evolve import childenv, gitops
@@ -206,3 +209,30 @@ def test_child_env_names_and_prefixes() -> None:
     assert childenv.child_env({}, childenv.BASE)["PATH"] == os.defpath
     assert childenv.valid_name("AWS_*") and childenv.valid_name("X") and not childenv.valid_name("a b")
     assert not childenv.valid_name("*") and not childenv.valid_name("A*B")
+
+
+SEAL_PROBE = r'''
+import subprocess, sys
+sys.path.insert(0, sys.argv[1])
+from evolve.childenv import seal_own_environ
+if sys.argv[2] == "seal":
+    assert seal_own_environ()
+r = subprocess.run(["sh", "-c", 'cat /proc/$PPID/environ'], capture_output=True, env={"PATH": "/usr/bin:/bin"})
+print("LEAK" if b"PLANTED_SECRET" in r.stdout else "SEALED")
+'''
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv") or not Path("/usr/bin/python3").exists(),
+                    reason="needs root to drop to an unprivileged user with setpriv")
+def test_a_sealed_fire_environ_is_not_readable_by_its_children() -> None:
+    """As an ordinary user (root reads every /proc), a child can read its parent's environ unless sealed."""
+    root = str(Path(childenv.__file__).parents[1])
+    outs = {}
+    for mode in ("open", "seal"):
+        r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
+                            "-c", SEAL_PROBE, root, mode], capture_output=True, text=True,
+                           env={"PATH": "/usr/bin:/bin", "PLANTED_SECRET": "x"}, cwd="/")
+        if r.returncode != 0:
+            pytest.skip(f"cannot run as nobody here: {r.stderr.strip()[:200]}")
+        outs[mode] = r.stdout.strip()
+    assert outs == {"open": "LEAK", "seal": "SEALED"}
