@@ -94,7 +94,7 @@ def _leaks(text: str) -> list[str]:
 
 def _fire(env: Env, cli) -> None:
     env.queue(entry("change a file"))
-    r = cli("fire", "--cycles", "1", extra_env={**SECRETS, "GATE_EXTRA": "yes"})
+    r = cli("fire", "--cycles", "1", extra_env={**SECRETS, "GATE_EXTRA": "yes", "GOV_KEY": "g"})
     assert r.code == 0, r.stderr
 
 
@@ -236,3 +236,43 @@ def test_a_sealed_fire_environ_is_not_readable_by_its_children() -> None:
             pytest.skip(f"cannot run as nobody here: {r.stderr.strip()[:200]}")
         outs[mode] = r.stdout.strip()
     assert outs == {"open": "LEAK", "seal": "SEALED"}
+
+
+def test_claude_runner_keeps_its_own_keys_only(tmp_path: Path) -> None:
+    from evolve.agent.claude import ClaudeRunner
+
+    source = {**SECRETS, "PATH": "/bin", "CLAUDE_CONFIG_DIR": "/c", "OPENAI_API_KEY": "sk-o", "CLAUDECODE": "1"}
+    inv = Invocation(repo=tmp_path, run_dir=tmp_path / "runs", cycle=1, mode="first", session_id="s", resume=False,
+                     work=WorkItem(source="harvested", ref="r1", title="t", type="bug"),
+                     orientation=Orientation(static="S", dynamic="D", task="T"))
+    got, _ = ClaudeRunner(AgentConfig(), source).env(inv)
+    assert got["ANTHROPIC_API_KEY"] == SECRETS["ANTHROPIC_API_KEY"] and got["CLAUDE_CONFIG_DIR"] == "/c"
+    assert not {"GITHUB_TOKEN", "AWS_SECRET_ACCESS_KEY", "OPENAI_API_KEY", "CLAUDECODE"} & set(got)
+    bedrock, _ = ClaudeRunner(AgentConfig(pass_env=["AWS_*"]), source).env(inv)
+    assert bedrock["AWS_SECRET_ACCESS_KEY"] == SECRETS["AWS_SECRET_ACCESS_KEY"]
+
+
+def test_notify_command_gets_only_what_notify_pass_env_lists(tmp_path: Path) -> None:
+    from evolve.notify import run_notify
+
+    out = tmp_path / "env.json"
+    source = {**SECRETS, "PATH": os.environ["PATH"], "WEBHOOK_URL": "https://hooks.example/x"}
+    argv = [sys.executable, "-c", DUMP_ENV, str(out)]
+    assert run_notify(argv, {"event": "halt"}, timeout_s=10, env=source, pass_env=["WEBHOOK_URL"]).ok
+    got = orjson.loads(out.read_bytes())
+    assert got["WEBHOOK_URL"] == "https://hooks.example/x" and got["EVOLVE_EVENT"] == "halt"
+    assert _leaks(orjson.dumps(got).decode()) == []
+
+
+def test_governor_and_goal_checks_get_the_allow_listed_env(env: Env, cli) -> None:
+    gov = env.root / "governor-env.json"
+    env.write_config(halt={"governor_cmd": [sys.executable, "-c", DUMP_ENV, str(gov)], "pass_env": ["GOV_KEY"]},
+                     gate={"pass_env": ["GATE_EXTRA"]})
+    (env.repo / "GOALS.yaml").write_text(
+        "version: 1\ngoals:\n  - id: envdump\n    description: dump the env\n"
+        f"    check: env > {env.root}/goal-env.txt\n    weight: 1\n")
+    _fire(env, cli)
+    got = orjson.loads(gov.read_bytes())
+    assert got["GOV_KEY"] == "g" and "EVOLVE_FIRE_ID" in got and _leaks(orjson.dumps(got).decode()) == []
+    goal_env = (env.root / "goal-env.txt").read_text()
+    assert "GATE_EXTRA=yes" in goal_env and "EVOLVE_FIRE_ID=" in goal_env and _leaks(goal_env) == []
