@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from evolve.childenv import valid_name
 from evolve.errors import ConfigError
 
 
@@ -39,6 +40,7 @@ class AgentConfig:
     base_url: str = ""
     api_key_env: str = "OPENAI_API_KEY"
     message_budget_chars: int = 200_000
+    pass_env: list[str] = field(default_factory=list)  # extra env names for the agent (childenv)
 
 
 @dataclass(frozen=True)
@@ -82,12 +84,14 @@ class WorkConfig:
     goals_timeout_s: float = 300
     max_new_work: int = 20  # follow-ups queued per agent report; the rest are logged and dropped
     claim_visibility_minutes: float = 0  # a foreign in_progress claim older than this is taken over; 0 = fire's
+    pass_env: list[str] = field(default_factory=list)  # extra env names for the tracker and generators
 
 
 @dataclass(frozen=True)
 class GateConfig:
     commands: list[list[str]] = field(default_factory=list)
     timeout_s: float = 1800
+    pass_env: list[str] = field(default_factory=list)  # extra env names for gate commands and goal checks
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,8 @@ class BreakerConfig:
 class GitConfig:
     commit: bool = True
     push: bool = False
+    run_hooks: bool = False  # evolve's own git runs the repo's hooks (still with the minimal env)
+    sign: bool = False  # evolve's commits are signed (gpg gets GNUPGHOME, GPG_TTY, SSH_AUTH_SOCK)
 
 
 @dataclass(frozen=True)
@@ -107,12 +113,14 @@ class HaltConfig:
     kill_ttl_days: float = 7
     governor_cmd: list[str] = field(default_factory=list)
     timeout_s: float = 30
+    pass_env: list[str] = field(default_factory=list)  # extra env names for the governor
 
 
 @dataclass(frozen=True)
 class NotifyConfig:
     command: list[str] = field(default_factory=list)
     timeout_s: float = 10
+    pass_env: list[str] = field(default_factory=list)  # extra env names for the notify command
 
 
 @dataclass(frozen=True)
@@ -227,6 +235,10 @@ def _check(value: Any, tp: Any, where: str, key: str) -> Any:
 
 
 def _validate_ranges(section: str, key: str, value: Any, where: str) -> None:
+    if key == "pass_env":
+        bad = [name for name in value if not valid_name(name)]
+        if bad:
+            raise ConfigError(f"{where}: {section}.pass_env: not a variable name (or NAME_*): {bad[0]!r}"[:300])
     if (section, key) in ENUMS and value not in ENUMS[(section, key)]:
         choices = "|".join(ENUMS[(section, key)])
         raise ConfigError(f"{where}: {section}.{key} must be one of {choices}, got {value!r}")

@@ -23,6 +23,10 @@ TEMPLATE = """\
 # api_key_env = "OPENAI_API_KEY"   # http runner: env var holding the bearer token (never written anywhere)
 # message_budget_chars = 200000   # http runner: history characters per call; the pinned system messages
 #                                 # are subtracted once, then the oldest turns are dropped first
+# pass_env = []              # extra env names (or PREFIX_*) the agent gets; it always gets PATH, HOME, locale,
+#                            # TMPDIR, USER, SHELL, TERM, proxies/CA/XDG dirs, git identity, EVOLVE_*, and
+#                            # claude: ANTHROPIC_* CLAUDE_*; command: ANTHROPIC_* CLAUDE_* OPENAI_* + api_key_env.
+#                            # Nothing else (GITHUB_TOKEN, AWS_*...) unless listed, e.g. ["AWS_*"] for Bedrock
 
 [context]
 # streak_limit = 2           # heavy cycles before a hand-off; EVOLVE_CONTEXT_STREAK_LIMIT wins over this
@@ -58,10 +62,13 @@ TEMPLATE = """\
 # max_new_work = 20          # follow-up items queued per agent report (0-1000); the rest are logged, dropped
 # claim_visibility_minutes = 0   # another tool's in_progress claim older than this is taken over;
 #                                # 0 = fire.max_minutes (an hour when that is 0)
+# pass_env = []              # extra env names for the tracker (bd) and generators (BEADS_* always passes)
 
 [gate]
 # commands = []              # list of argv lists, run in order after the agent
 # timeout_s = 1800
+# pass_env = []              # extra env names for gate commands and GOALS checks; they get only PATH, HOME,
+#                            # LANG, LC_*, TZ, TMPDIR, USER, LOGNAME, SHELL, TERM, EVOLVE_FIRE_ID otherwise
 
 [breaker]
 # max_consecutive_failures = 3
@@ -70,16 +77,20 @@ TEMPLATE = """\
 [git]
 # commit = true
 # push = false
+# run_hooks = false          # true: evolve's own git runs the repo's hooks (never with evolve's secrets)
+# sign = false               # true: evolve's commits are signed (gpg gets GNUPGHOME, GPG_TTY, SSH_AUTH_SOCK)
 
 [halt]
 # kill_ttl_days = 7          # KILL/STOP older than this are ignored (with a warning), never deleted
 # governor_cmd = []          # argv; exit 3 halts with governor_budget_burned (EVOLVE_GOVERNOR_CMD)
 # timeout_s = 30             # governor timeout (EVOLVE_HALT_TIMEOUT)
+# pass_env = []              # extra env names for the governor (e.g. the key it reads spend with)
 
 [notify]
 # command = []               # argv run on halt, breaker open, hand-off and regression (never a shell);
 #                            # the event is JSON on its stdin; best effort, never changes the exit code
 # timeout_s = 10             # the notify command's process group is killed after this long
+# pass_env = []              # extra env names for the notify command (e.g. a webhook URL variable)
 
 [metrics]
 # textfile_dir = ""          # node_exporter textfile dir: evolve.prom is rewritten atomically after every fire

@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from evolve import gitops
 from evolve.paths import Paths
 
 QUEUE = [
@@ -137,14 +138,15 @@ def _say(text: str = "") -> None:
 
 
 def _git(repo: Path, *args: str) -> None:
-    env = {
-        **os.environ,
+    ident = {
         "GIT_AUTHOR_NAME": "demo",
         "GIT_AUTHOR_EMAIL": "demo@localhost",
         "GIT_COMMITTER_NAME": "demo",
         "GIT_COMMITTER_EMAIL": "demo@localhost",
     }
-    subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, env=env)
+    proc = gitops.run_git(repo, *args, extra_env=ident)
+    if proc.returncode != 0:
+        raise subprocess.CalledProcessError(proc.returncode, ["git", *args], proc.stdout, proc.stderr)
 
 
 def make_repo(root: Path) -> Path:
@@ -163,7 +165,8 @@ def make_repo(root: Path) -> Path:
     paths.config.write_text(
         '[agent]\nrunner = "command"\n'
         f"argv = {orjson.dumps(argv).decode()}\n"
-        "timeout_s = 120\nidle_timeout_s = 60\n\n[fire]\nmax_cycles = 5\n",
+        # PYTHONPATH: the scripted agent imports evolve, wherever this one was imported from.
+        'timeout_s = 120\nidle_timeout_s = 60\npass_env = ["PYTHONPATH"]\n\n[fire]\nmax_cycles = 5\n',
         encoding="utf-8",
     )
     paths.nextwork.parent.mkdir(parents=True, exist_ok=True)

@@ -300,21 +300,31 @@ def check_schedule(paths: Any, env: Mapping[str, str]) -> Finding:
                    "evolve install systemd --user (or cron), or run `evolve daemon`; `evolve fire` by hand works too")
 
 
+def _git(repo: Path, *args: str) -> tuple[int | None, str, str]:
+    """(exit code or None, first output line, stdout) of evolve's own git (gitops.run_git: no hooks, no fsmonitor)."""
+    from evolve.gitops import run_git
+
+    try:
+        p = run_git(repo, *args, timeout=10)
+    except subprocess.TimeoutExpired:
+        return None, "timed out after 10s", ""
+    except OSError as exc:
+        return None, str(exc), ""
+    out = (p.stdout.strip() or p.stderr.strip()).splitlines()
+    return p.returncode, out[0][:200] if out else "", p.stdout
+
+
 def check_git(repo: Path, env: Mapping[str, str]) -> list[Finding]:
-    code, first = _run(["git", "rev-parse", "--show-toplevel"], cwd=repo, env=env, timeout=10)
+    code, first, _ = _git(repo, "rev-parse", "--show-toplevel")
     if code != 0:
         return [Finding("git", FAIL, f"{repo} is not a git repository ({first})",
                         "run evolve inside a git work tree, or pass --repo PATH (git init if it is new)")]
     out = [Finding("git", OK, f"work tree {first}")]
-    code, _ = _run(["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=repo, env=env, timeout=10)
+    code, _, _ = _git(repo, "rev-parse", "--verify", "-q", "HEAD")
     if code != 0:
         out.append(Finding("git", WARN, "no commits yet", "make a first commit: evolve reverts and diffs against HEAD"))
-    try:
-        p = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo, capture_output=True,
-                           text=True, timeout=10, env=dict(env), check=False)
-        dirty = [ln for ln in p.stdout.splitlines() if ln.strip()]
-    except (OSError, subprocess.TimeoutExpired):
-        dirty = []
+    _, _, status = _git(repo, "status", "--porcelain", "--untracked-files=no")
+    dirty = [ln for ln in status.splitlines() if ln.strip()]
     if dirty:
         out.append(Finding("git", WARN, f"{len(dirty)} tracked file(s) modified",
                            "commit or stash them: evolve never commits paths that were dirty before a cycle"))

@@ -1,5 +1,10 @@
 """Git operations the cycle needs, always by explicit path and argv (never ``git add -A``).
 
+Every git process evolve starts goes through :func:`run_git`: hooks, fsmonitor and signing off
+unless the operator opts in (``[git] run_hooks``, ``[git] sign``), program-valued keys of the
+repository's own config pinned, and an allow-listed environment (:func:`git_env`), because the agent
+can write ``.git/hooks`` and ``.git/config`` and evolve holds API keys.
+
 ``subprocess`` is imported inside the functions that start git: every command (``evolve status``
 too) imports this module for :func:`git_toplevel`, which usually needs no git process.
 """
@@ -9,9 +14,15 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from evolve.childenv import GIT_IDENTITY, child_env
 from evolve.errors import UsageError
+
+if TYPE_CHECKING:
+    import subprocess
 
 NON_SUBSTANTIVE_FILES = ("GOALS.md", "GOALS.yaml", "GOALS.yml")
 
@@ -20,34 +31,141 @@ class GitError(Exception):
     pass
 
 
-def _env(repo: Path) -> Mapping[str, str]:
+@dataclass(frozen=True)
+class GitPolicy:
+    """What evolve's own git may run: the operator opts in to hooks and signing (``[git]``).
+
+    Either way git gets :func:`git_env`, never evolve's environment.
+    """
+
+    run_hooks: bool = False
+    sign: bool = False
+
+
+SAFE = GitPolicy()
+
+# Variables git needs to find the operator's repository, config and identity; none is a secret.
+GIT_ALLOW: tuple[str, ...] = (
+    "PATH", "HOME", "LANG", "LC_*", "TZ", "TMPDIR", "XDG_CONFIG_HOME",
+    "GIT_DIR", "GIT_WORK_TREE", "GIT_COMMON_DIR", "GIT_CEILING_DIRECTORIES", "GIT_DISCOVERY_ACROSS_FILESYSTEM",
+    "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "GIT_CONFIG_NOSYSTEM",
+    *GIT_IDENTITY,
+)
+# Signing needs the operator's keyring and agent (opted in with [git] sign).
+SIGN_ALLOW: tuple[str, ...] = ("GNUPGHOME", "GPG_TTY", "GPG_AGENT_INFO", "SSH_AUTH_SOCK")
+# A push needs the ssh agent (and the operator's ssh command, which also outranks core.sshCommand).
+PUSH_ALLOW: tuple[str, ...] = ("SSH_AUTH_SOCK", "GIT_SSH_COMMAND", "GIT_SSH")
+# Always on: no repo hooks directory, no fsmonitor daemon, no gpg run by ``git log``, no ext:: transport.
+_FIXED = ("core.fsmonitor=false", "log.showSignature=false", "protocol.ext.allow=never", "diff.external=")
+# Keys naming a program that the repository's own config (writable by the agent) must not choose.
+_PROGRAM_KEYS = re.compile(
+    r"^(filter\..+\.(clean|smudge|process)|merge\..+\.driver|diff\..+\.(textconv|command)"
+    r"|gpg(\..+)?\.program|gpg\.ssh\.defaultkeycommand|core\.sshcommand|core\.editor|sequence\.editor"
+    r"|core\.pager|core\.askpass|core\.hookspath|core\.fsmonitor)$"
+)
+# What a pinned key falls back to when the operator's config has no value: git's own default
+# program (signing and ssh must still work); any other key pinned empty means "no program".
+_PROGRAM_DEFAULTS = {"gpg.program": "gpg", "gpg.openpgp.program": "gpg", "gpg.x509.program": "gpgsm",
+                     "gpg.ssh.program": "ssh-keygen", "core.sshcommand": "ssh", "core.pager": "cat",
+                     "core.editor": "true", "sequence.editor": "true"}
+# Subcommands that may read or write work-tree content (filters, merge drivers), sign, or reach a remote.
+_CONTENT = frozenset({"add", "apply", "checkout", "commit", "push", "reset", "restore", "revert", "stash", "status"})
+
+
+def git_env(policy: GitPolicy = SAFE, *, push: bool = False, source: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of evolve's own git: an allow-list, so a hook, filter or gpg program gets no secret."""
+    extra = (*(SIGN_ALLOW if policy.sign else ()), *(PUSH_ALLOW if push else ()))
+    # No prompt (an unattended loop would hang), no pager, no editor.
+    return child_env(source, GIT_ALLOW, extra,
+                     set_={"GIT_TERMINAL_PROMPT": "0", "GIT_PAGER": "cat", "GIT_EDITOR": "true"})
+
+
+def _config_args(policy: GitPolicy) -> list[str]:
+    out = [*_FIXED]
+    if not policy.run_hooks:
+        out.append("core.hooksPath=/dev/null")
+    if policy.sign:
+        out += ["commit.gpgSign=true"]
+    else:
+        out += ["commit.gpgSign=false", "tag.gpgSign=false"]
+    return [arg for kv in out for arg in ("-c", kv)]
+
+
+def _repo_program_overrides(repo: Path, env: Mapping[str, str]) -> list[str]:
+    """``-c`` pins for program-valued keys set by the repository's own (local/worktree) config.
+
+    The agent can write ``.git/config``: a ``filter.x.clean`` there (with a ``.gitattributes`` line)
+    would run on ``git add``. Each such key is pinned to the operator's value from the system or
+    global config, or to empty, which git reads as "no program". (Git LFS set up globally still works.)
+    """
     import subprocess
 
-    env = dict(os.environ)
-    env.setdefault("GIT_TERMINAL_PROMPT", "0")
-    # A repo without an identity must still be committable by an unattended loop.
-    probe = subprocess.run(["git", "config", "user.email"], cwd=repo, capture_output=True, text=True)
-    if probe.returncode != 0 or not probe.stdout.strip():
-        env.setdefault("GIT_AUTHOR_NAME", "evolve")
-        env.setdefault("GIT_AUTHOR_EMAIL", "evolve@localhost")
-        env.setdefault("GIT_COMMITTER_NAME", "evolve")
-        env.setdefault("GIT_COMMITTER_EMAIL", "evolve@localhost")
-    return env
+    proc = subprocess.run(
+        ["git", "config", "--show-scope", "-z", "--get-regexp", _PROGRAM_KEYS.pattern],
+        cwd=repo, capture_output=True, text=True, env=dict(env), check=False,
+    )
+    operator: dict[str, str] = {}
+    local: set[str] = set()
+    fields = proc.stdout.split("\0")
+    for scope, rec in zip(fields[0::2], fields[1::2], strict=False):  # -z: scope NUL key LF value NUL
+        key, _, value = rec.partition("\n")
+        if not key:
+            continue
+        if scope in ("system", "global"):
+            operator[key] = value
+        else:  # local, worktree, and anything git adds later: not the operator's to trust
+            local.add(key)
+    pins = [f"{key}={operator.get(key, _PROGRAM_DEFAULTS.get(key.lower(), ''))}" for key in sorted(local)
+            if key.lower() not in ("core.hookspath", "core.fsmonitor")]  # pinned already by _config_args
+    return [arg for kv in pins for arg in ("-c", kv)]
 
 
-def git(repo: Path, *args: str, check: bool = True, env: Mapping[str, str] | None = None) -> str:
+def run_git(
+    repo: Path,
+    *args: str,
+    policy: GitPolicy = SAFE,
+    extra_env: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Every git command evolve runs goes through here (docs/DESIGN.md §8, "What evolve's git runs").
+
+    Hooks and fsmonitor are off unless ``policy.run_hooks``; signing is off unless ``policy.sign``;
+    program-valued keys from the repository's own config are pinned; the environment is
+    :func:`git_env`. Raises OSError when git cannot start and TimeoutExpired after ``timeout``.
+    """
     import subprocess
 
-    proc = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, env=env)
+    push = bool(args) and args[0] == "push"
+    env = git_env(policy, push=push)
+    if extra_env:
+        env.update(extra_env)
+    pins = _repo_program_overrides(repo, env) if args and args[0] in _CONTENT else []
+    argv = ["git", "--no-pager", *_config_args(policy), *pins, *args]
+    return subprocess.run(argv, cwd=repo, capture_output=True, text=True, env=env, timeout=timeout,
+                          stdin=subprocess.DEVNULL, check=False)
+
+
+def _identity(repo: Path) -> dict[str, str]:
+    """A fallback identity: a repo without one must still be committable by an unattended loop."""
+    probe = run_git(repo, "config", "user.email")
+    if probe.returncode == 0 and probe.stdout.strip():
+        return {}
+    env = git_env()
+    fallback = {"GIT_AUTHOR_NAME": "evolve", "GIT_AUTHOR_EMAIL": "evolve@localhost",
+                "GIT_COMMITTER_NAME": "evolve", "GIT_COMMITTER_EMAIL": "evolve@localhost"}
+    return {k: v for k, v in fallback.items() if k not in env}
+
+
+def git(repo: Path, *args: str, check: bool = True, policy: GitPolicy = SAFE,
+        extra_env: Mapping[str, str] | None = None) -> str:
+    proc = run_git(repo, *args, policy=policy, extra_env=extra_env)
     if check and proc.returncode != 0:
         raise GitError(f"git {args[0]} failed: {proc.stderr.strip()[:300]}")
     return proc.stdout
 
 
 def head(repo: Path) -> str | None:
-    import subprocess
-
-    proc = subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=repo, capture_output=True, text=True)
+    proc = run_git(repo, "rev-parse", "--verify", "-q", "HEAD")
     return proc.stdout.strip() or None if proc.returncode == 0 else None
 
 
@@ -108,16 +226,8 @@ def _acceptable_git_dir(top: Path, dot: Path) -> bool:
 
 
 def _rev_parse_toplevel(start: Path) -> Path:
-    import subprocess
-
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--show-toplevel"],
-            cwd=start,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        out = run_git(start, "rev-parse", "--show-toplevel")
     except FileNotFoundError as exc:
         raise UsageError("git is not installed; evolve needs it") from exc
     if out.returncode != 0:
@@ -160,11 +270,9 @@ def changed_since(repo: Path, start: str | None) -> set[str]:
 
 def foreign_commits(repo: Path, since: object) -> int:
     """Commits on HEAD after ``since`` that the loop did not make (intervening events, docs/DESIGN.md §5)."""
-    import subprocess
-
     if not isinstance(since, str) or not since:
         return 0
-    proc = subprocess.run(["git", "log", "--format=%s", f"{since}..HEAD"], cwd=repo, capture_output=True, text=True)
+    proc = run_git(repo, "log", "--format=%s", f"{since}..HEAD")
     if proc.returncode != 0:
         return 0
     return sum(1 for subject in proc.stdout.splitlines() if not subject.startswith("evolve: "))
@@ -175,32 +283,35 @@ def substantive(paths: Iterable[str]) -> list[str]:
     return sorted(p for p in paths if not is_internal(p) and p not in NON_SUBSTANTIVE_FILES)
 
 
-def commit_paths(repo: Path, paths: Iterable[str], message: str) -> str | None:
-    """Stage and commit exactly ``paths``; returns the new HEAD (None when nothing was staged)."""
+def commit_paths(repo: Path, paths: Iterable[str], message: str, policy: GitPolicy = SAFE) -> str | None:
+    """Stage and commit exactly ``paths``; returns the new HEAD (None when nothing was staged).
+
+    ``--no-verify`` even when ``policy.run_hooks``: the gate, not a pre-commit hook, judges a cycle.
+    """
     paths = sorted(set(paths))
     if not paths:
         return None
-    env = _env(repo)
-    git(repo, "add", "--", *paths, env=env)
-    staged = git(repo, "diff", "--cached", "--name-only", "-z", "--", *paths, env=env)
+    ident = _identity(repo)
+    git(repo, "add", "--", *paths, policy=policy)
+    staged = git(repo, "diff", "--cached", "--name-only", "-z", "--", *paths, policy=policy)
     if not staged.strip("\0"):
         return None
-    git(repo, "commit", "-q", "--no-verify", "-m", message, "--", *paths, env=env)
+    git(repo, "commit", "-q", "--no-verify", "-m", message, "--", *paths, policy=policy, extra_env=ident)
     return head(repo)
 
 
-def restore_cycle(repo: Path, start: str | None, paths_before: set[str]) -> list[str]:
+def restore_cycle(repo: Path, start: str | None, paths_before: set[str], policy: GitPolicy = SAFE) -> list[str]:
     """Undo what a cycle did: restore the paths it dirtied, then revert its commits.
 
     Paths that were already dirty before the cycle are the operator's and are left alone. A revert
     that cannot apply is aborted and reported (GitError), never left half-done.
     """
-    env = _env(repo)
+    ident = _identity(repo)
     touched = sorted(p for p in dirty_paths(repo) - paths_before if not is_internal(p))
     tracked = set(git(repo, "ls-files", "-z", "--", *touched).split("\0")) if touched else set()
     for p in touched:
         if p in tracked:
-            git(repo, "checkout", "-q", "HEAD", "--", p, env=env)
+            git(repo, "checkout", "-q", "HEAD", "--", p, policy=policy)
         else:
             target = repo / p
             if target.is_file() or target.is_symlink():
@@ -208,9 +319,9 @@ def restore_cycle(repo: Path, start: str | None, paths_before: set[str]) -> list
     now = head(repo)
     if start and now and now != start:
         try:
-            git(repo, "revert", "--no-edit", f"{start}..{now}", env=env)
+            git(repo, "revert", "--no-edit", f"{start}..{now}", policy=policy, extra_env=ident)
         except GitError:
-            git(repo, "revert", "--abort", check=False, env=env)
+            git(repo, "revert", "--abort", check=False, policy=policy, extra_env=ident)
             raise
     return touched
 

@@ -176,9 +176,11 @@ def ready_items(paths: Paths, cfg: Any, env: Mapping[str, str], *, beads: bool =
         pass
     if beads:
         try:
+            from evolve.childenv import work_env
             from evolve.work.beads import BeadsSource
 
-            src = BeadsSource(cfg.work.beads_command, paths.repo, timeout_s=cfg.work.probe_timeout_s, env=env)
+            src = BeadsSource(cfg.work.beads_command, paths.repo, timeout_s=cfg.work.probe_timeout_s,
+                              env=work_env(env, cfg.work.pass_env))
             out["beads"] = len(src.candidates())
         except Exception:
             pass

@@ -23,6 +23,8 @@ from typing import Any
 
 import orjson
 
+from evolve.childenv import BASE, FIRE
+from evolve.childenv import child_env as allowed_env
 from evolve.paths import Paths
 from evolve.procgroup import FIRE_TAG, Limits, run_group
 from evolve.store.atomic import NOFOLLOW
@@ -54,7 +56,7 @@ class NotifyResult:
 
 def run_notify(
     argv: Sequence[str], payload: Mapping[str, Any], *, timeout_s: float, cwd: Path | None = None,
-    env: Mapping[str, str] | None = None,
+    env: Mapping[str, str] | None = None, pass_env: Sequence[str] = (),
 ) -> NotifyResult:
     """Run ``argv`` with ``payload`` as JSON on stdin; kill its process group after ``timeout_s``.
 
@@ -63,7 +65,8 @@ def run_notify(
     nothing the next one cannot find.
     """
     data = orjson.dumps(dict(payload), default=str, option=orjson.OPT_APPEND_NEWLINE)[:MAX_STDIN]
-    child_env = dict(os.environ if env is None else env)
+    # The event is on stdin; a webhook URL or token variable comes only when listed in [notify] pass_env.
+    child_env = allowed_env(env, (*BASE, *FIRE), pass_env)
     child_env["EVOLVE_EVENT"] = str(payload.get("event", ""))
     if payload.get("repo"):
         child_env["EVOLVE_REPO"] = str(payload["repo"])
@@ -94,8 +97,9 @@ def run_notify(
 
 class NotifyObserver:
     def __init__(self, argv: Sequence[str], timeout_s: float, paths: Paths,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, pass_env: Sequence[str] = ()) -> None:
         self.argv = list(argv)
+        self.pass_env = tuple(pass_env)
         self.timeout_s = timeout_s
         self.paths = paths
         self.env = env
@@ -105,7 +109,8 @@ class NotifyObserver:
             return
         body = {"timestamp": utc_iso(), **payload}
         try:
-            r = run_notify(self.argv, body, timeout_s=self.timeout_s, cwd=self.paths.repo, env=self.env)
+            r = run_notify(self.argv, body, timeout_s=self.timeout_s, cwd=self.paths.repo, env=self.env,
+                           pass_env=self.pass_env)
         except Exception as exc:  # never break a fire
             r = NotifyResult(False, error=f"{type(exc).__name__}: {exc}"[:300])
         if r.ok:
@@ -201,7 +206,8 @@ def observers_for(cfg: Any, paths: Paths, env: Mapping[str, str] | None = None) 
     """The observers a fire gets from the config: journal always, notify and metrics when configured."""
     out: list[Observer] = [FireJournal(paths)]
     if cfg.notify.command:
-        out.append(NotifyObserver(cfg.notify.command, cfg.notify.timeout_s, paths, env))
+        out.append(NotifyObserver(cfg.notify.command, cfg.notify.timeout_s, paths, env,
+                                  pass_env=cfg.notify.pass_env))
     if cfg.metrics.textfile_dir:
         out.append(MetricsObserver(paths, cfg, env))
     return out

@@ -150,7 +150,8 @@ def env(tmp_path: Path) -> Env:
     e.steps([improved_step()])
     e.write_config(
         agent={"runner": "command", "argv": [sys.executable, "-m", "evolve.agent.scripted", "--script", str(script)],
-               "timeout_s": 60, "idle_timeout_s": 30},
+               # The agent's env is allow-listed: PYTHONPATH makes it import this tree's evolve.
+               "timeout_s": 60, "idle_timeout_s": 30, "pass_env": ["PYTHONPATH"]},
         fire={"max_cycles": 5},
     )
     return e

@@ -20,7 +20,8 @@ UPPER = ("evolve.agent", "evolve.cycle", "evolve.commands")
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("evolve", "evolve.paths", "evolve.timeutil", "evolve.errors", "evolve.exitcodes", "evolve.results",
               "evolve.secrets", "evolve.crashpoint", "evolve.jsonsafe", "evolve.log", "evolve.config",
-              "evolve.cronexpr", "evolve.sdnotify", "evolve.config_template", "evolve.deploy_templates")),
+              "evolve.cronexpr", "evolve.sdnotify", "evolve.config_template", "evolve.deploy_templates",
+              "evolve.childenv")),
     ("store", ("evolve.store",)),
     ("process", ("evolve.procgroup", "evolve.gitops")),
     ("work", ("evolve.work",)),

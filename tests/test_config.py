@@ -164,6 +164,8 @@ def changed(section: str, key: str, tp: Any, default: Any) -> Any:
         return default + 1
     if tp is str:
         return "changed value"
+    if key == "pass_env":
+        return ["A_B", "C_*"]  # variable names, validated
     if tp == list[str]:
         return ["a b", "c"]
     if tp == list[list[str]]:

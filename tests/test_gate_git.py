@@ -12,7 +12,8 @@ from evolve.cycle.fire import Fire, FireOptions
 
 APP = "def add(a, b):\n    return a + b\n"
 TESTS = "from app import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
-PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_app.py"]
+# -B: the gate runs with an allow-listed env (no PYTHONDONTWRITEBYTECODE), and .pyc files would be committed.
+PYTEST = [sys.executable, "-B", "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_app.py"]
 
 
 def project(env: Env) -> str:

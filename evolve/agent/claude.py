@@ -20,10 +20,14 @@ from typing import Any
 from evolve.agent import stream
 from evolve.agent.invocation import Invocation
 from evolve.agent.report import AgentReport
+from evolve.childenv import agent_env
 from evolve.config import AgentConfig
 from evolve.procgroup import Limits, run_group
 from evolve.secrets import secret_values
 from evolve.store.atomic import write_new
+
+# The Claude Code CLI's own settings and credentials; Bedrock/Vertex users add theirs in [agent] pass_env.
+CLAUDE_ENV = ("ANTHROPIC_*", "CLAUDE_*")
 
 
 class ClaudeRunner:
@@ -86,7 +90,7 @@ class ClaudeRunner:
             "EVOLVE_MODE": inv.mode,
             "EVOLVE_REPO": str(inv.repo),
         }
-        env = dict(self.base_env)
+        env = agent_env(self.base_env, CLAUDE_ENV, self.cfg.pass_env)
         env.pop("CLAUDECODE", None)  # a nested-session marker makes the CLI refuse to start
         env.update(changes)
         return env, {**changes, "CLAUDECODE": "<removed>"}
@@ -154,7 +158,7 @@ class ClaudeRunner:
                     on_output=state.feed,
                     stop=stop,
                     on_heartbeat=beat,
-                    redact_values=secret_values(env),
+                    redact_values=secret_values({**self.base_env, **env}),  # all evolve holds
                 )
             except OSError as exc:
                 return AgentReport("failed", error_class="fatal", error=f"cannot start {self.cfg.argv[0]!r}: {exc}")

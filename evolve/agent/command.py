@@ -16,6 +16,7 @@ from pathlib import Path
 
 from evolve.agent.invocation import Invocation
 from evolve.agent.report import AgentReport, loads_report, parse_report
+from evolve.childenv import agent_env
 from evolve.config import AgentConfig
 from evolve.procgroup import Limits, run_group
 from evolve.secrets import secret_values
@@ -39,11 +40,20 @@ def substitute(template: list[str], values: Mapping[str, str]) -> list[str]:
     return [PLACEHOLDER.sub(lambda m: values[m.group(1)], part) for part in template]
 
 
-def child_env(base: Mapping[str, str], inv: Invocation) -> tuple[dict[str, str], dict[str, str]]:
-    """The child's environment and the changes made to ``base`` (for --dry-run)."""
+# The API keys of the agent CLIs people plug in here (claude, codex, aider...); any other is listed
+# in [agent] pass_env, and [agent] api_key_env is passed too.
+COMMAND_ENV = ("ANTHROPIC_*", "CLAUDE_*", "OPENAI_*")
+
+
+def child_env(
+    base: Mapping[str, str], inv: Invocation, cfg: AgentConfig | None = None
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The child's environment (allow-listed: childenv.agent_env) and what evolve sets in it (for --dry-run)."""
     changes = {ENV_NAMES[k]: v for k, v in inv.values().items()}
     changes["EVOLVE_REPO"] = str(inv.repo)
-    env = dict(base)
+    cfg = cfg or AgentConfig()
+    names = (*COMMAND_ENV, cfg.api_key_env) if cfg.api_key_env else COMMAND_ENV
+    env = agent_env(base, names, cfg.pass_env)
     env.pop("CLAUDECODE", None)
     env.update(changes)
     return env, changes
@@ -58,7 +68,7 @@ class CommandRunner:
 
     def plan(self, inv: Invocation) -> tuple[list[str], dict[str, str]]:
         argv = substitute(self.cfg.argv, inv.values())
-        _, changes = child_env(self.base_env, inv)
+        _, changes = child_env(self.base_env, inv, self.cfg)
         return argv, changes
 
     def run(
@@ -89,7 +99,7 @@ class CommandRunner:
         write_new(inv.prompt_file, inv.prompt.encode("utf-8"))
         inv.report_file.unlink(missing_ok=True)
         argv = substitute(self.cfg.argv, inv.values())
-        env, _ = child_env(self.base_env, inv)
+        env, _ = child_env(self.base_env, inv, self.cfg)
         try:
             proc = run_group(
                 argv,
@@ -104,7 +114,8 @@ class CommandRunner:
                 on_start=on_start,
                 stop=stop,
                 on_heartbeat=on_heartbeat,
-                redact_values=secret_values(env),
+                # Every secret evolve holds is masked, not only the ones the agent was given.
+                redact_values=secret_values({**self.base_env, **env}),
             )
         except OSError as exc:
             return AgentReport("failed", error_class="fatal", error=f"cannot start agent {argv[0]!r}: {exc}")

@@ -487,15 +487,9 @@ class HttpRunner:
 
     # -- the diff ------------------------------------------------------------------------------
 
-    def _git_env(self) -> dict[str, str]:
-        env = {k: v for k, v in self.base_env.items() if k != self.cfg.api_key_env}
-        env["GIT_TERMINAL_PROMPT"] = "0"
-        return env
-
     def _git(self, repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["git", *args], cwd=repo, capture_output=True, text=True, env=self._git_env(), check=False
-        )
+        # evolve's own git (no hooks, no repo-chosen programs, an allow-listed env): never the API key.
+        return gitops.run_git(repo, *args)
 
     def _apply(self, inv: Invocation, diff: str) -> str:
         """Apply the diff in the repo; on any failure the tree is as it was. Returns the error or ""."""

@@ -59,9 +59,9 @@ def _search_path(evolve: str, agent_argv: list[str], runner: str) -> str:
 
 
 def _git_url(repo: Path) -> str:
-    import subprocess
+    from evolve.gitops import run_git
 
-    out = subprocess.run(["git", "remote", "get-url", "origin"], cwd=repo, capture_output=True, text=True, check=False)
+    out = run_git(repo, "remote", "get-url", "origin")
     return out.stdout.strip() if out.returncode == 0 else ""
 
 

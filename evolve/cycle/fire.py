@@ -29,6 +29,7 @@ from evolve.agent import session as sessions
 from evolve.agent.invocation import Invocation
 from evolve.agent.report import AgentReport
 from evolve.agent.runners import Runner, make_runner
+from evolve.childenv import seal_own_environ
 from evolve.config import Config
 from evolve.cycle import budget, halt, recovery, scout, side, transition
 from evolve.cycle import step1 as step1_shell
@@ -138,6 +139,7 @@ class Fire:
 
     def run(self) -> FireOutcome:
         logmod.bind(fire_id=self.fire_id)
+        seal_own_environ()  # the agent and the repo's code must not read our secrets from /proc
         try:
             if self.opts.dry_run:
                 return self._dry_run()

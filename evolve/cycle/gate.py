@@ -14,6 +14,7 @@ from typing import Any
 
 from evolve import crashpoint, gitops
 from evolve.agent.report import AgentReport
+from evolve.childenv import BASE, FIRE, child_env
 from evolve.config import Config
 from evolve.paths import Paths
 from evolve.procgroup import Limits, run_group
@@ -69,10 +70,15 @@ class Gate:
         self.cfg = cfg
         self.log = log
         self.env = env or {}
+        self.git_policy = gitops.GitPolicy(run_hooks=cfg.git.run_hooks, sign=cfg.git.sign)
+
+    def command_env(self) -> dict[str, str]:
+        """A gate command runs the repo's code: locale, PATH, the fire's id and ``[gate] pass_env``, no secret."""
+        return child_env(self.env, (*BASE, *FIRE), self.cfg.gate.pass_env)
 
     def undo(self, start_sha: str | None, dirty_before: set[str]) -> None:
         try:
-            gitops.restore_cycle(self.paths.repo, start_sha, dirty_before)
+            gitops.restore_cycle(self.paths.repo, start_sha, dirty_before, self.git_policy)
         except gitops.GitError as exc:
             # Loud, not fatal: the ledger still records the cycle as red and the claim is released.
             self.log.error("gate.undo_failed", error=str(exc)[:300])
@@ -134,7 +140,7 @@ class Gate:
             return
         message = gitops.commit_message(cycle, clean_text(item.title, 72), result)
         try:
-            sha = gitops.commit_paths(repo, to_commit, message)
+            sha = gitops.commit_paths(repo, to_commit, message, self.git_policy)
         except gitops.GitError as exc:
             self.log.error("git.commit_failed", error=str(exc))
             return
@@ -145,13 +151,14 @@ class Gate:
         if not self.cfg.git.push:
             return
         try:
-            gitops.git(self.paths.repo, "push")
+            gitops.git(self.paths.repo, "push", policy=self.git_policy)
             self.log.info("git.push")
         except gitops.GitError as exc:
             self.log.error("git.push_failed", error=str(exc))
 
     def run_commands(self) -> str | None:
         """The first red gate command's one-line reason, or None when all are green."""
+        env = self.command_env()
         for argv in self.cfg.gate.commands:
             with tempfile.TemporaryDirectory(prefix="evolve-gate-") as tmp:
                 out = Path(tmp) / "out"
@@ -159,7 +166,7 @@ class Gate:
                     proc = run_group(
                         argv,
                         cwd=self.paths.repo,
-                        env=self.env,
+                        env=env,
                         limits=Limits(timeout_s=self.cfg.gate.timeout_s, grace_s=2.0, tail_bytes=0),
                         log_path=out,
                     )

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from evolve.childenv import work_env
 from evolve.config import Config, claim_visibility_s
 from evolve.paths import Paths
 from evolve.store.ledger import Ledger
@@ -37,7 +38,8 @@ class Selector:
     ) -> None:
         self.paths = paths
         self.cfg = cfg
-        self.env = dict(env)
+        # Tracker, generators and goal checks run in the repo: each gets an allow-listed env (childenv).
+        self.env = work_env(env, cfg.work.pass_env)
         self.log = log
         self.write = write
         self.harvested = HarvestedQueue(
@@ -47,7 +49,7 @@ class Selector:
             claim_visibility_s=claim_visibility_s(cfg),  # another tool's stale claim is taken over
             clock=clock,
         )
-        self.beads = BeadsSource(cfg.work.beads_command, paths.repo, timeout_s=cfg.work.probe_timeout_s, env=env)
+        self.beads = BeadsSource(cfg.work.beads_command, paths.repo, timeout_s=cfg.work.probe_timeout_s, env=self.env)
         self.goals = GoalsSource(
             paths.repo,
             paths.evolve_dir,
@@ -55,6 +57,7 @@ class Selector:
             total_timeout_s=cfg.work.goals_timeout_s,
             env=env,
             write=write,
+            pass_env=cfg.gate.pass_env,
         )
         self.sources: list[WorkSource] = sources or [self.harvested, self.beads, self.goals]
         self.generated_preview: list[dict[str, Any]] = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from evolve.childenv import BASE, FIRE, child_env
 from evolve.cycle import halt
 from evolve.cycle.context import FireContext
 from evolve.procgroup import Limits, run_group
@@ -74,13 +75,17 @@ def _apply(ctx: FireContext, d: halt.Step1, snap: halt.HaltSnapshot) -> None:
 def governor(ctx: FireContext) -> int:
     """The governor's exit code (-1: it could not run or timed out).
 
-    Like every child of a fire: its own group (killed whole on timeout) and the fire's env (its id).
+    Like every child of a fire: its own group (killed whole on timeout), the fire's id, and an
+    allow-listed env (childenv: base names plus ``[halt] pass_env``), never evolve's secrets.
     """
     argv = ctx.cfg.halt.governor_cmd
     timeout_s = ctx.cfg.halt.timeout_s
     try:
         proc = run_group(
-            argv, cwd=ctx.paths.repo, env=ctx.env, limits=Limits(timeout_s=timeout_s, grace_s=1.0, tail_bytes=0)
+            argv,
+            cwd=ctx.paths.repo,
+            env=child_env(ctx.env, (*BASE, *FIRE), ctx.cfg.halt.pass_env),
+            limits=Limits(timeout_s=timeout_s, grace_s=1.0, tail_bytes=0),
         )
     except OSError as exc:
         ctx.log.warning("governor.error", error=str(exc)[:300])

@@ -27,6 +27,7 @@ from typing import Any
 
 import orjson
 
+from evolve import gitops
 from evolve.paths import Paths
 from evolve.secrets import redact, secret_values
 from evolve.store.atomic import atomic_write_bytes
@@ -108,9 +109,7 @@ def _changed_files(repo: Path, shas: list[str], cap: int = 30) -> list[str]:
         if not re.fullmatch(r"[0-9a-f]{7,64}", sha):
             continue
         try:
-            proc = subprocess.run(
-                ["git", "show", "--name-only", "--format=", sha], cwd=repo, capture_output=True, text=True, timeout=10
-            )
+            proc = gitops.run_git(repo, "show", "--name-only", "--format=", sha, timeout=10)
         except (OSError, subprocess.TimeoutExpired):
             continue
         for name in proc.stdout.splitlines():

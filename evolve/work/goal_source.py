@@ -43,12 +43,14 @@ class GoalsSource:
         total_timeout_s: float,
         env: Mapping[str, str],
         write: bool = True,
+        pass_env: Sequence[str] = (),
     ) -> None:
         self.repo = repo
         self.evolve_dir = evolve_dir
         self.goal_timeout_s = goal_timeout_s
         self.total_timeout_s = total_timeout_s
         self.env = dict(env)
+        self.pass_env = tuple(pass_env)  # [gate] pass_env: checks get what gate commands get
         self.write = write
         self.measured: dict[str, Any] | None = None
 
@@ -63,7 +65,8 @@ class GoalsSource:
             return cached if cached and cached.get("goals_era") == gf.era else None
         try:
             snap = measure(
-                self.repo, gf, goal_timeout_s=self.goal_timeout_s, total_timeout_s=self.total_timeout_s, env=self.env
+                self.repo, gf, goal_timeout_s=self.goal_timeout_s, total_timeout_s=self.total_timeout_s, env=self.env,
+                pass_env=self.pass_env,
             )
         except MeasureError as exc:
             raise SourceError(f"goal measurement failed: {exc}") from exc
@@ -90,7 +93,8 @@ class GoalsSource:
             return None
         try:
             snap = measure(
-                self.repo, gf, goal_timeout_s=self.goal_timeout_s, total_timeout_s=self.total_timeout_s, env=self.env
+                self.repo, gf, goal_timeout_s=self.goal_timeout_s, total_timeout_s=self.total_timeout_s, env=self.env,
+                pass_env=self.pass_env,
             )
         except MeasureError:
             return None

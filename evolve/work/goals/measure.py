@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from evolve import gitops
+from evolve.childenv import BASE, FIRE, child_env
 from evolve.timeutil import utc_iso
 from evolve.work.goals.check import CheckRun, run_check
 from evolve.work.goals.model import Goal, GoalsFile, MeasureError
 from evolve.work.goals.output import cap_output
 
-SAFE_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "USER", "TMPDIR", "TERM")
+SAFE_ENV_KEYS = (*BASE, *FIRE)  # as gate commands (childenv): a check runs the repo's code
 SKIP_EXIT = 77
 
 
@@ -30,6 +30,7 @@ def measure(
     env: Mapping[str, str] | None = None,
     parallel: int = 2,
     now: float | None = None,
+    pass_env: Iterable[str] = (),
 ) -> dict[str, Any]:
     """Run every check (meta goals first, one at a time; then the rest, ``parallel`` at once) into a snapshot.
 
@@ -38,7 +39,7 @@ def measure(
     """
     deadline = time.monotonic() + total_timeout_s
     stop = threading.Event()
-    check_env = sanitized_env(env)
+    check_env = sanitized_env(env, pass_env)
     results: list[CheckRun | None] = [None] * len(gf.goals)
 
     def run(i: int) -> CheckRun | None:
@@ -78,12 +79,9 @@ def measure(
     }
 
 
-def sanitized_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Only locale, identity and PATH: a check must never see API keys or EVOLVE_* settings."""
-    source = os.environ if env is None else env
-    clean = {k: source[k] for k in SAFE_ENV_KEYS if k in source}
-    clean.setdefault("PATH", os.defpath)
-    return clean
+def sanitized_env(env: Mapping[str, str] | None = None, pass_env: Iterable[str] = ()) -> dict[str, str]:
+    """Locale, identity, PATH, the fire's id and ``[gate] pass_env``: never API keys or EVOLVE_* settings."""
+    return child_env(env, SAFE_ENV_KEYS, pass_env)
 
 
 def _git_sha(repo: Path) -> str | None:
