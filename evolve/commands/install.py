@@ -32,24 +32,25 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--image", default="evolve:latest", help="kubernetes: an image with git, evolve and the agent CLI")
 
 
-def _evolve_command() -> str:
-    """This environment's ``evolve`` script (next to the running interpreter), never a PATH lookup at fire time."""
+def _evolve_command() -> tuple[str, ...]:
+    """This environment's ``evolve`` argv (the script next to the running interpreter), never a PATH lookup
+    at fire time. An argv, not a string: the renderers quote each word for their format."""
     import shutil
 
     beside = Path(sys.executable).parent / "evolve"
     if beside.is_file() and os.access(beside, os.X_OK):
-        return str(beside)
+        return (str(beside),)
     found = shutil.which("evolve")
     if found:
-        return str(Path(found).resolve())
-    return f"{sys.executable} -m evolve"
+        return (str(Path(found).resolve()),)
+    return (sys.executable, "-m", "evolve")
 
 
-def _search_path(evolve: str, agent_argv: list[str], runner: str) -> str:
+def _search_path(evolve: tuple[str, ...], agent_argv: list[str], runner: str) -> str:
     """evolve's directory, the agent binary's, then the usual system ones: what cron and systemd lack."""
     import shutil
 
-    dirs = [str(Path(evolve.split()[0]).parent)]
+    dirs = [str(Path(evolve[0]).parent)]
     if runner != "http" and agent_argv:
         found = shutil.which(agent_argv[0])
         if found:
@@ -115,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
     paths = Paths.for_repo(repo)
     cfg = config.load(paths.config, os.environ)
     expr = args.schedule if args.schedule is not None else cfg.schedule.cron
+    # Before parsing: cron's whitespace splitting would read a newline as one more field separator.
+    deploy.check_text("--schedule" if args.schedule is not None else f"{paths.config}: schedule.cron", expr)
     try:
         cronexpr.parse(expr)
     except ValueError as exc:
