@@ -107,7 +107,7 @@ class Target:
         if not self.generic:
             # Relative paths would be read against whatever directory cron or systemd starts in.
             for label, value in (("repository path", self.repo), ("state directory", self.state_dir),
-                                 ("evolve command", self.evolve[0])):
+                                 ("home directory", self.home), ("evolve command", self.evolve[0])):
                 if not value.startswith("/"):
                     raise UsageError(f"{label} {shown(value)}: an absolute path is needed")
 
@@ -163,8 +163,16 @@ def _sd_word(value: str, *, exec_line: bool = False) -> str:
 
 
 def _sd_exec(argv: list[str], generic: bool) -> str:
-    """An ExecStart= command line; the generic templates keep their specifiers (``%f``) as they are."""
-    return " ".join(argv if generic else (_sd_word(w, exec_line=True) for w in argv))
+    """An ExecStart= command line; the generic templates keep their specifiers (``%f``) as they are.
+
+    The executable (the first word) is a path systemd never expands ``$`` in, and it refuses one with
+    quotes or backslashes outright ("Executable name contains special characters").
+    """
+    if generic:
+        return " ".join(argv)
+    if any(c in "\"'\\" for c in argv[0]):
+        raise UsageError(f"evolve command {shown(argv[0])}: systemd cannot run a path with quotes or backslashes")
+    return " ".join([_sd_word(argv[0]), *(_sd_word(w, exec_line=True) for w in argv[1:])])
 
 
 def _unit_ctx(t: Target) -> dict[str, object]:
