@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from support import Env
 from test_install import run_like_cron, systemd_tool, verify
@@ -358,8 +358,10 @@ def test_kubernetes_manifest_round_trips_whatever_the_values(name: str, image: s
 
 @PROPERTY
 @given(st.text())
+@example("\ufeff BOM, \ufffe and \uffff (YAML refuses them raw), \U0001f600, \"q\" \\ \x0b")
 def test_yaml_str_round_trips_any_text(value: str) -> None:
-    if deploy.CONTROL.search(value) is None and re.search("[\ud800-\udfff]", value) is None:
+    # Even control characters (Target refuses them first) come back as themselves; lone surrogates cannot.
+    if re.search("[\ud800-\udfff]", value) is None:
         assert yaml.safe_load(f"key: {deploy.yaml_str(value)}\n") == {"key": value}
 
 
@@ -504,3 +506,14 @@ def test_fleet_entries_are_the_lines_an_editor_shows(lines: list[str]) -> None:
         entries = [e for e in (ln.removesuffix("\r").split("#", 1)[0].strip(" \t") for ln in text.split("\n")) if e]
         assert got == [Path(tmp) / os.path.expanduser(e) for e in entries]  # an absolute entry replaces tmp
         assert not any(deploy.CONTROL.search(str(p)) for p in got)
+
+
+def test_the_enable_hint_quotes_its_paths(env: Env, cli, tmp_path: Path) -> None:
+    """The hint is a command to paste into a shell: a --dest with spaces and `;` stays one word."""
+    dest = tmp_path / "d; touch pwned"
+    r = cli("install", "cron", "--user", "--dest", str(dest))
+    assert r.code == 0, r.stderr
+    (hint,) = [ln for ln in r.stdout.splitlines() if ln.startswith("enable: ")]
+    assert shlex.quote(str(dest / "evolve-repo.crontab")) in hint
+    words = shlex.split(hint.removeprefix("enable: "))
+    assert sum(str(dest / "evolve-repo.crontab") in w for w in words) == 2 and "touch" not in words

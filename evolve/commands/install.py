@@ -81,13 +81,16 @@ def _where(args: argparse.Namespace) -> Path:
 
 
 def _enable_hint(args: argparse.Namespace, where: Path, files: list[str], name: str) -> str:
-    paths = [where / f for f in files]
+    """The command to paste into a shell: every path in it shell-quoted (``--dest`` may hold anything)."""
+    import shlex
+
+    paths = [shlex.quote(str(where / f)) for f in files]
     if args.kind == "systemd":
         ctl = "systemctl --user" if args.user else "systemctl"
         unit = next(f for f in files if f.endswith((".timer", "daemon@" + name + ".service")))
         if args.dest is not None:
             # Outside the unit search path: link the files in, then enable.
-            cmd = f"{ctl} link {' '.join(str(p) for p in paths)} && {ctl} enable --now {unit}"
+            cmd = f"{ctl} link {' '.join(paths)} && {ctl} enable --now {unit}"
         else:
             cmd = f"{ctl} daemon-reload && {ctl} enable --now {unit}"
         extra = "\n(a user unit runs while you are logged out only after `loginctl enable-linger`)" if args.user else ""
