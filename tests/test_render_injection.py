@@ -91,6 +91,9 @@ def test_every_other_interpolated_value_is_checked_by_the_cli(env: Env, cli) -> 
     env.write_config(schedule={"timezone": "UTC\n* * * * * root touch /tmp/pwned"})
     line = one_error_line(cli("install", "cron", "--print"))
     assert "schedule.timezone contains a control character (U+000A)" in line
+    env.write_config(schedule={"timezone": "Mars/Olympus_Mons"})
+    r = cli("install", "cron", "--print")
+    assert r.code == 78 and "schedule.timezone 'Mars/Olympus_Mons': unknown time zone" in r.stderr
     env.write_config(schedule={"timezone": "UTC"})
     # The origin URL may carry a token: named, never shown.
     subprocess.run(["git", "remote", "add", "origin", "https://user:s3cret@example.com/r.git\n- x"], cwd=env.repo,

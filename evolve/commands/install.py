@@ -106,6 +106,21 @@ def _enable_hint(args: argparse.Namespace, where: Path, files: list[str], name: 
     return f"enable: kubectl apply -f {paths[0]}"
 
 
+def _check_timezone(zone: str, source: Path) -> None:
+    """schedule.timezone goes into the crontab's comments, OnCalendar= and the CronJob: a line-breaking
+    character is a usage error like any rendered value; an unknown zone is bad configuration, as in the daemon."""
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    from evolve.deploy import check_text
+
+    check_text(f"{source}: schedule.timezone", zone)
+    try:
+        if zone:
+            ZoneInfo(zone)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise ConfigError(f"{source}: schedule.timezone {zone!r}: unknown time zone") from exc
+
+
 def run(args: argparse.Namespace) -> int:
     import getpass
 
@@ -127,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
         if args.schedule is not None:
             raise UsageError(f"--schedule {expr!r}: {exc}") from exc
         raise ConfigError(f"{paths.config}: schedule.cron {expr!r}: {exc}") from exc
+    _check_timezone(cfg.schedule.timezone, paths.config)
     name = args.name or re.sub(r"[^A-Za-z0-9_.:-]", "_", repo.name) or "repo"
     if not re.fullmatch(r"[A-Za-z0-9_.:-]+", name):
         raise UsageError(f"--name {name!r}: use letters, digits and _ . : - only")
