@@ -45,6 +45,7 @@ HOSTILE_LEGAL = [
     "`touch pwned` $(touch pwned2)",
     "ends with a backslash\\",
     "Ünïcødé ✓ \u00a0nbsp \U0001f600",
+    "ends with a no-break space\u00a0",
 ]
 
 
@@ -172,7 +173,7 @@ def cron_percent(command: str) -> tuple[str, str]:
 
 def cron_jobs(text: str) -> list[str]:
     """The lines cron runs: not blank, not a comment, not a ``NAME=value`` setting."""
-    return [ln for ln in text.split("\n") if ln.strip() and not ln.lstrip().startswith("#")
+    return [ln for ln in text.split("\n") if ln.strip(" \t") and not ln.lstrip(" \t").startswith("#")
             and not re.match(r"\s*[A-Za-z_][A-Za-z0-9_]*\s*=", ln)]
 
 
@@ -229,14 +230,14 @@ def unit_settings(text: str) -> list[tuple[str, str, str]]:
     out, section = [], ""
     for line in text.split("\n"):
         assert not line.endswith("\\"), f"a continuation line: {line!r}"
-        line = line.strip()
+        line = line.strip(" \t")  # ASCII whitespace only: a final no-break space is part of the value
         if not line or line[0] in "#;":
             continue
         if line.startswith("["):
             section = line
             continue
         key, _, value = line.partition("=")
-        out.append((section, key.strip(), value.strip()))
+        out.append((section, key.strip(" \t"), value.strip(" \t")))
     return out
 
 
