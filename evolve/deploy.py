@@ -13,18 +13,54 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import orjson
-
 from evolve import cronexpr
 from evolve import deploy_templates as tpl
 from evolve.config import Config
+from evolve.errors import UsageError
 
 GENERIC_PATH = "%h/.local/bin:/usr/local/bin:/usr/bin:/bin"
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
-_SAFE_SHELL = re.compile(r"^[A-Za-z0-9_/.:@+=,-]+$")
-_UNSAFE_UNIT = re.compile(r"[\s\"'\\;]")
 RENDERED_NOTE = "# Rendered by `evolve install` for {repo}; run it again after changes.\n"
 USER_SANDBOX_NOTE = "\n# A user unit gets it only with unprivileged user namespaces: on 226/NAMESPACE drop these lines."
+
+# What ends or breaks a line in one of the formats (or in an editor showing them): C0 controls, DEL,
+# C1 controls (NEL, U+0085, among them) and the Unicode line and paragraph separators. Tabs too: no
+# value here needs one, and a crontab splits its fields on them.
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# Lone surrogates: a path of raw bytes Python could not decode; no unit file or manifest can hold it.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_NAME = re.compile(r"[A-Za-z0-9_.:-]+")  # a unit instance and a file name: no "/", no "@"
+# POSIX portable user names (plus the "$" of machine accounts): nothing cron or User= reads specially.
+_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]*\$?")
+_TIMEZONE = re.compile(r"[A-Za-z0-9_+/-]+")  # IANA names: "UTC", "America/New_York", "Etc/GMT+5"
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A systemd word that needs no quotes: no whitespace, quote, backslash or ";" (and "%"/"$" are doubled).
+_SD_PLAIN = re.compile(r"[A-Za-z0-9_/.:@+=,%$*-]+")
+
+
+def shown(value: str, at: int = 0, width: int = 40) -> str:
+    """``value`` for a one-line message: ``repr`` escapes every control character, and a long value is
+    cut to ``width`` characters either side of index ``at`` (the offending one), ``...`` marking a cut."""
+    start, end = max(0, at - width), at + width
+    text = repr(value[start:end])
+    return ("..." if start else "") + text + ("..." if end < len(value) else "")
+
+
+def check_text(label: str, value: str, *, show: bool = True) -> None:
+    """A UsageError naming ``label`` when ``value`` could break out of its line in any rendered file."""
+    bad = CONTROL.search(value) or _SURROGATE.search(value)
+    if bad is None:
+        return
+    char = bad.group()
+    what = "is not valid UTF-8" if _SURROGATE.match(char) else f"contains a control character (U+{ord(char):04X})"
+    # A remote URL may carry a token: say what is wrong, not the value.
+    raise UsageError(f"{label} {what}, which could start a line of its own in a rendered file"
+                     + (f": {shown(value, bad.start())}" if show else ""))
+
+
+def _must_match(pattern: re.Pattern[str], label: str, value: str, allowed: str) -> None:
+    if not pattern.fullmatch(value):
+        raise UsageError(f"{label} {shown(value)}: use {allowed} only")
 
 
 @dataclass(frozen=True)
@@ -34,7 +70,7 @@ class Target:
     name: str  # unit instance, cron tag, Kubernetes name
     repo: str  # absolute path, or "%f" (the unescaped instance path) in the generic units
     state_dir: str  # evolve's state directory (EVOLVE_DIR), absolute
-    evolve: str  # the command that runs evolve
+    evolve: tuple[str, ...]  # the argv that runs evolve (argv[0] absolute outside the generic templates)
     path: str  # PATH for the fire: evolve's and the agent's directories first
     home: str  # "%h" in the generic units
     cron: str  # schedule.cron
@@ -48,6 +84,32 @@ class Target:
     image: str = "evolve:latest"
     git_url: str = ""
     extra_env: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """Every value that goes into a file is checked here, so no renderer can forget one (issue 13)."""
+        texts = [("name", self.name), ("repository path", self.repo), ("state directory", self.state_dir),
+                 ("PATH", self.path), ("home directory", self.home), ("schedule", self.cron),
+                 ("schedule.timezone", self.timezone), ("user", self.user or ""), ("--image", self.image)]
+        texts += [(f"evolve command word {i}", w) for i, w in enumerate(self.evolve)]
+        texts += [(f"environment {k!r}", f"{k}={v}") for k, v in self.extra_env.items()]
+        for label, value in texts:
+            check_text(label, value)
+        check_text("git remote origin URL", self.git_url, show=False)
+        _must_match(_NAME, "name", self.name, "letters, digits and _ . : -")
+        if self.user is not None:
+            _must_match(_USER, "user", self.user, "letters, digits and _ . @ - (a final $)")
+        if self.timezone:
+            _must_match(_TIMEZONE, "schedule.timezone", self.timezone, "a time zone name (letters, digits, _ + - /)")
+        for key in self.extra_env:
+            _must_match(_ENV_KEY, "environment variable", key, "letters, digits and _")
+        if not self.evolve:
+            raise UsageError("evolve command: empty")
+        if not self.generic:
+            # Relative paths would be read against whatever directory cron or systemd starts in.
+            for label, value in (("repository path", self.repo), ("state directory", self.state_dir),
+                                 ("home directory", self.home), ("evolve command", self.evolve[0])):
+                if not value.startswith("/"):
+                    raise UsageError(f"{label} {shown(value)}: an absolute path is needed")
 
 
 def fill(template: str, values: Mapping[str, object]) -> str:
@@ -71,34 +133,74 @@ def randomized_delay_s(spec: cronexpr.CronSpec, t: Target) -> int:
     return int(min(120, cronexpr.max_interval_s(spec, t.timezone or "UTC") / 10))
 
 
-def _unit_value(value: str) -> str:
-    """A path for a unit file: ``%`` is a specifier and ``$`` a variable there."""
-    if _UNSAFE_UNIT.search(value):
-        raise ValueError(f"{value!r}: a path with spaces, quotes or backslashes cannot go into a unit file")
-    return value.replace("%", "%%").replace("$", "$$")
+# -- systemd: each value spelled for the setting it goes into (systemd.syntax(7), systemd.service(5)) --
+
+
+def _sd_raw(value: str) -> str:
+    """A value systemd takes verbatim to the end of the line (Description=, WorkingDirectory=).
+
+    ``%`` is a specifier there. The line is stripped and a final backslash joins the next line
+    (skipping comments), so a value ending in either gets a ``/``: harmless after a path, and the
+    only other raw value is the Description, which reads the same.
+    """
+    value = value.replace("%", "%%")
+    return value + "/" if value.endswith(("\\", " ")) else value
+
+
+def _sd_word(value: str, *, exec_line: bool = False) -> str:
+    """One word of a setting systemd splits and unquotes (ExecStart=, Environment=, ReadWritePaths=).
+
+    ``%`` is a specifier in all of them; ``$`` a variable only on Exec lines (``$$`` is a literal
+    one). Anything else special (whitespace, quotes, backslashes, ``;``) goes inside double quotes,
+    where systemd reads ``\\\\`` and ``\\"`` back as ``\\`` and ``"``.
+    """
+    value = value.replace("%", "%%")
+    if exec_line:
+        value = value.replace("$", "$$")
+    if _SD_PLAIN.fullmatch(value):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _sd_exec(argv: list[str], generic: bool) -> str:
+    """An ExecStart= command line; the generic templates keep their specifiers (``%f``) as they are.
+
+    The executable (the first word) is a path systemd never expands ``$`` in, and it refuses one with
+    quotes or backslashes outright ("Executable name contains special characters").
+    """
+    if generic:
+        return " ".join(argv)
+    if any(c in "\"'\\" for c in argv[0]):
+        raise UsageError(f"evolve command {shown(argv[0])}: systemd cannot run a path with quotes or backslashes")
+    return " ".join([_sd_word(argv[0]), *(_sd_word(w, exec_line=True) for w in argv[1:])])
 
 
 def _unit_ctx(t: Target) -> dict[str, object]:
-    u = (lambda v: v) if t.generic else _unit_value
-    repo, home = u(t.repo), u(t.home)
-    rw = [repo, f"-{home}/.claude", f"-{home}/.claude.json"]
-    if not t.generic and not (t.state_dir + "/").startswith(t.repo + "/"):
-        rw.insert(1, u(t.state_dir))
+    g = t.generic
+    word = (lambda v: v) if g else _sd_word
+    raw = (lambda v: v) if g else _sd_raw
+    rw = [word(t.repo), word(f"-{t.home}/.claude"), word(f"-{t.home}/.claude.json")]
+    if not g and not (t.state_dir + "/").startswith(t.repo + "/"):
+        rw.insert(1, word(t.state_dir))
     if t.user_mode:
         user = ""
-    elif t.generic:
+    elif g:
         user = "# User=evolve   (a dedicated user is best; %h below is then root's home: write that user's home)\n"
     else:
-        user = f"User={t.user}\n" if t.user else ""
-    env = "".join(f'Environment="{k}={v}"\n' for k, v in t.extra_env.items())
+        user = f"User={t.user}\n" if t.user else ""  # _USER: nothing systemd reads specially
+    env = "".join(f"Environment={word(f'{k}={v}')}\n" for k, v in t.extra_env.items())
     return {
-        "instance": "%i" if t.generic else t.name,
-        "rendered_note": "" if t.generic else RENDERED_NOTE.format(repo=repo),
-        "repo": repo,
+        "instance": "%i" if g else t.name,
+        # Comments are never parsed: the path as it is (Target refused every control character).
+        "rendered_note": "" if g else RENDERED_NOTE.format(repo=t.repo),
+        "repo_text": t.repo,
+        "repo_desc": raw(t.repo),
+        "repo_dir": raw(t.repo),
+        "path_env": word(f"PATH={t.path}"),
+        "exec_fire": _sd_exec([*t.evolve, "--repo", t.repo, "fire"], g),
+        "exec_daemon": _sd_exec([*t.evolve, "--repo", t.repo, "daemon"], g),
         "network": "" if t.user_mode else "After=network-online.target\nWants=network-online.target\n",
         "user": user,
-        "path": t.path if t.generic else u(t.path),
-        "evolve": t.evolve if t.generic else u(t.evolve),
         "timeout_start": f"{t.runtime_cap_s // 60}min",
         "timeout_stop": f"{int(t.grace_s) + 30}s",
         "wanted_by": "default.target" if t.user_mode else "multi-user.target",
@@ -127,42 +229,62 @@ def systemd_units(t: Target, *, daemon: bool = False) -> dict[str, str]:
     }
 
 
-def _sh(value: str, generic: bool) -> str:
-    return value if generic or _SAFE_SHELL.match(value) else shlex.quote(value)
+# -- cron ------------------------------------------------------------------------------------------
+
+
+def _cron_word(value: str) -> str:
+    """One ``/bin/sh`` word for a crontab command: shell-quoted, with every ``%`` outside the quotes.
+
+    Cron turns an unescaped ``%`` into a newline (the rest becomes stdin) and ``\\%`` into ``%``,
+    but a ``\\`` before ``\\%`` is its own escape in Vixie cron and cronie, so a ``%`` inside the
+    quotes after a backslash of the value could not be spelled. Outside them ``\\%`` always follows
+    the closing quote, and to a cron without ``%`` handling (busybox) the shell reads it as ``%``.
+    """
+    return "\\%".join(shlex.quote(part) for part in value.split("%"))
 
 
 def crontab(t: Target, *, system: bool = False) -> dict[str, str]:
     """A user crontab fragment, or (``system``) an ``/etc/cron.d`` file with its user field."""
     spec = cronexpr.parse(t.cron)
+    sh = (lambda v: v) if t.generic else _cron_word  # the generic file shows `$HOME` for the reader to edit
     state = t.state_dir
-    sh = {
-        k: _sh(v, t.generic)
-        for k, v in {
-            "repo": t.repo,
-            "state": state,
-            "lock": f"{state}/cron.lock",
-            "log": f"{state}/cron.log",
-            "path": t.path,
-            "evolve": t.evolve,
-        }.items()
-    }
+    evolve = " ".join(sh(w) for w in t.evolve)
     command = (
-        f"cd {sh['repo']} && mkdir -p {sh['state']} && PATH={sh['path']} "
-        f"flock -n -E 75 {sh['lock']} {sh['evolve']} fire >> {sh['log']} 2>&1"
+        f"cd {sh(t.repo)} && mkdir -p {sh(state)} && PATH={sh(t.path)} "
+        f"flock -n -E 75 {sh(state + '/cron.lock')} {evolve} fire >> {sh(state + '/cron.log')} 2>&1"
     )
     ctx = {
         "name": t.name,
         "repo": t.repo,
         "timezone": t.timezone,
         "schedule": cronexpr.crontab_schedule(spec),
-        "cron_user": f"{t.user or 'root'} " if system else "",
+        "cron_user": f"{t.user or 'root'} " if system else "",  # _USER: no whitespace, no "%"
         "command": command,
     }
     text = fill(tpl.CRONTAB, ctx)
-    # In a crontab an unescaped % ends the command; only the command line may contain one.
-    lines = [ln if ln.startswith("#") else ln.replace("%", "\\%") for ln in text.splitlines()]
+    jobs = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    if len(jobs) != 1 or "%" in jobs[0].replace("\\%", ""):  # Target and _cron_word make this impossible
+        raise AssertionError(f"crontab rendering is not one job line: {jobs!r}")
     name = "evolve.crontab" if t.generic else (f"evolve-{t.name}" if system else f"evolve-{t.name}.crontab")
-    return {name: "\n".join(lines) + "\n"}
+    return {name: text}
+
+
+# -- Kubernetes --------------------------------------------------------------------------------------
+
+
+def yaml_str(value: str) -> str:
+    """A YAML double-quoted scalar every YAML 1.1/1.2 parser reads back as ``value``: printable ASCII
+    as it is, ``"`` and ``\\`` escaped, everything else as ``\\uXXXX`` or ``\\UXXXXXXXX``."""
+    out = []
+    for ch in value:
+        code = ord(ch)
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif 0x20 <= code < 0x7F:
+            out.append(ch)
+        else:
+            out.append(f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}")
+    return '"' + "".join(out) + '"'
 
 
 def k8s_name(name: str) -> str:
@@ -177,13 +299,13 @@ def kubernetes(t: Target) -> dict[str, str]:
     name = k8s_name(t.name)
     ctx = {
         "name": name,
-        "schedule": orjson.dumps(cronexpr.crontab_schedule(spec)).decode(),
-        "timezone": orjson.dumps(t.timezone or "UTC").decode(),
+        "schedule": yaml_str(cronexpr.crontab_schedule(spec)),
+        "timezone": yaml_str(t.timezone or "UTC"),
         "starting_deadline": int(min(3600, max(30, interval // 2))),
         "active_deadline": t.runtime_cap_s,
         "termination_grace": int(t.grace_s) + 15,
-        "image": orjson.dumps(t.image).decode(),
-        "git_url": orjson.dumps(t.git_url or "https://git.example.com/you/repo.git").decode(),
+        "image": yaml_str(t.image),
+        "git_url": yaml_str(t.git_url or "https://git.example.com/you/repo.git"),
     }
     return {"cronjob.yaml" if t.generic else f"evolve-{name}.yaml": fill(tpl.KUBERNETES, ctx)}
 
@@ -195,7 +317,7 @@ def generic_targets(cfg: Config | None = None) -> tuple[Target, Target]:
         name="repo",
         repo="%f",
         state_dir="%f/.agents/evolve",
-        evolve="/usr/bin/env evolve",
+        evolve=("/usr/bin/env", "evolve"),
         path=GENERIC_PATH,
         home="%h",
         cron=cfg.schedule.cron,
@@ -209,7 +331,7 @@ def generic_targets(cfg: Config | None = None) -> tuple[Target, Target]:
         base,
         repo="/path/to/repo",
         state_dir="/path/to/repo/.agents/evolve",
-        evolve="evolve",
+        evolve=("evolve",),
         path="$HOME/.local/bin:/usr/local/bin:/usr/bin:/bin",
         user_mode=True,
     )

@@ -1,18 +1,19 @@
 """The deploy templates (systemd, cron, Kubernetes): one text each, so `deploy/` and `evolve install` agree.
 
-``{{name}}`` placeholders are filled by :mod:`evolve.deploy`; everything else is literal.
+``{{name}}`` placeholders are filled by :mod:`evolve.deploy`, each already quoted or escaped for its
+place (a comment, a raw value, an ExecStart= word); everything else is literal.
 """
 
 FIRE_SERVICE = """\
 # evolve: one fire (what `evolve fire` does) against a repository; started by evolve@{{instance}}.timer.
 {{rendered_note}}[Unit]
-Description=evolve: one fire against {{repo}}
+Description=evolve: one fire against {{repo_desc}}
 {{network}}
 [Service]
 Type=oneshot
-{{user}}WorkingDirectory={{repo}}
-Environment=PATH={{path}}
-ExecStart={{evolve}} --repo {{repo}} fire
+{{user}}WorkingDirectory={{repo_dir}}
+Environment={{path_env}}
+ExecStart={{exec_fire}}
 # 75: busy, rate-limited, try later; 143: stopped mid-cycle after recording `interrupted`.
 SuccessExitStatus=75 143
 # Type=oneshot has no start timeout by default: a hung agent must not block every later tick.
@@ -54,9 +55,9 @@ UMask=0027
 """
 
 FIRE_TIMER = """\
-# evolve: fire {{repo}} on a schedule (schedule.cron {{cron}}).
+# evolve: fire {{repo_text}} on a schedule (schedule.cron {{cron}}).
 {{rendered_note}}[Unit]
-Description=evolve: fire {{repo}} on a schedule
+Description=evolve: fire {{repo_desc}} on a schedule
 
 [Timer]
 {{oncalendar}}
@@ -70,9 +71,9 @@ WantedBy=timers.target
 """
 
 DAEMON_SERVICE = """\
-# evolve daemon: fires {{repo}} on schedule.cron in-process (APScheduler), Type=notify with a watchdog.
+# evolve daemon: fires {{repo_text}} on schedule.cron in-process (APScheduler), Type=notify with a watchdog.
 {{rendered_note}}[Unit]
-Description=evolve daemon: scheduled fires against {{repo}}
+Description=evolve daemon: scheduled fires against {{repo_desc}}
 {{network}}# A crash loop gives up instead of hammering the agent's API.
 StartLimitIntervalSec=600
 StartLimitBurst=5
@@ -80,9 +81,9 @@ StartLimitBurst=5
 [Service]
 Type=notify
 NotifyAccess=main
-{{user}}WorkingDirectory={{repo}}
-Environment=PATH={{path}}
-{{extra_env}}ExecStart={{evolve}} --repo {{repo}} daemon
+{{user}}WorkingDirectory={{repo_dir}}
+Environment={{path_env}}
+{{extra_env}}ExecStart={{exec_daemon}}
 # The daemon pings at half this from its scheduler loop; a stuck loop is killed and restarted.
 WatchdogSec=60
 # Crashes only: 75 (try later) and 78 (bad configuration) would hit the same wall again.

@@ -24,14 +24,32 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 
 
 def read_fleet(path: Path) -> list[Path]:
-    """Repository paths from a fleet file: one a line, ``#`` comments, relative to the file's directory."""
+    r"""Repository paths from a fleet file: one a line, ``#`` comments, relative to the file's directory.
+
+    A line ends at ``\n`` only (and a ``\r`` before it, for a CRLF file). Python's ``splitlines`` also
+    breaks at ``\v``, ``\f``, NEL, U+2028 and more, which an editor or ``cat`` shows inside one line, so
+    a file reviewed as N entries could smuggle in more: any control character but a tab, and a tab
+    inside an entry, is refused with the line number instead. Bytes, not ``read_text``: its universal
+    newlines would turn a lone ``\r`` (which hides the text before it on a terminal) into a line break.
+    """
+    from evolve.deploy import CONTROL, shown
+
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_bytes().decode("utf-8")
     except OSError as exc:
         raise UsageError(f"--fleet {path}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"--fleet {path}: not UTF-8 (byte {exc.start})") from exc
     out = []
-    for line in text.splitlines():
-        entry = line.split("#", 1)[0].strip()
+    for number, raw in enumerate(text.split("\n"), 1):
+        line = raw.removesuffix("\r")
+        entry = line.split("#", 1)[0].strip(" \t")
+        # Tabs may pad an entry or a comment, never sit inside a path.
+        bad = CONTROL.search(line.replace("\t", " "))
+        at = bad.start() if bad else line.index(entry) + entry.index("\t") if "\t" in entry else -1
+        if at >= 0:
+            raise UsageError(f"--fleet {path}: line {number}: control character U+{ord(line[at]):04X} "
+                             f"in {shown(line, at)}")
         if entry:
             p = Path(os.path.expanduser(entry))
             out.append(p if p.is_absolute() else path.parent / p)

@@ -32,24 +32,25 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--image", default="evolve:latest", help="kubernetes: an image with git, evolve and the agent CLI")
 
 
-def _evolve_command() -> str:
-    """This environment's ``evolve`` script (next to the running interpreter), never a PATH lookup at fire time."""
+def _evolve_command() -> tuple[str, ...]:
+    """This environment's ``evolve`` argv (the script next to the running interpreter), never a PATH lookup
+    at fire time. An argv, not a string: the renderers quote each word for their format."""
     import shutil
 
     beside = Path(sys.executable).parent / "evolve"
     if beside.is_file() and os.access(beside, os.X_OK):
-        return str(beside)
+        return (str(beside),)
     found = shutil.which("evolve")
     if found:
-        return str(Path(found).resolve())
-    return f"{sys.executable} -m evolve"
+        return (str(Path(found).resolve()),)
+    return (sys.executable, "-m", "evolve")
 
 
-def _search_path(evolve: str, agent_argv: list[str], runner: str) -> str:
+def _search_path(evolve: tuple[str, ...], agent_argv: list[str], runner: str) -> str:
     """evolve's directory, the agent binary's, then the usual system ones: what cron and systemd lack."""
     import shutil
 
-    dirs = [str(Path(evolve.split()[0]).parent)]
+    dirs = [str(Path(evolve[0]).parent)]
     if runner != "http" and agent_argv:
         found = shutil.which(agent_argv[0])
         if found:
@@ -80,13 +81,16 @@ def _where(args: argparse.Namespace) -> Path:
 
 
 def _enable_hint(args: argparse.Namespace, where: Path, files: list[str], name: str) -> str:
-    paths = [where / f for f in files]
+    """The command to paste into a shell: every path in it shell-quoted (``--dest`` may hold anything)."""
+    import shlex
+
+    paths = [shlex.quote(str(where / f)) for f in files]
     if args.kind == "systemd":
         ctl = "systemctl --user" if args.user else "systemctl"
         unit = next(f for f in files if f.endswith((".timer", "daemon@" + name + ".service")))
         if args.dest is not None:
             # Outside the unit search path: link the files in, then enable.
-            cmd = f"{ctl} link {' '.join(str(p) for p in paths)} && {ctl} enable --now {unit}"
+            cmd = f"{ctl} link {' '.join(paths)} && {ctl} enable --now {unit}"
         else:
             cmd = f"{ctl} daemon-reload && {ctl} enable --now {unit}"
         extra = "\n(a user unit runs while you are logged out only after `loginctl enable-linger`)" if args.user else ""
@@ -102,6 +106,21 @@ def _enable_hint(args: argparse.Namespace, where: Path, files: list[str], name: 
     return f"enable: kubectl apply -f {paths[0]}"
 
 
+def _check_timezone(zone: str, source: Path) -> None:
+    """schedule.timezone goes into the crontab's comments, OnCalendar= and the CronJob: a line-breaking
+    character is a usage error like any rendered value; an unknown zone is bad configuration, as in the daemon."""
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    from evolve.deploy import check_text
+
+    check_text(f"{source}: schedule.timezone", zone)
+    try:
+        if zone:
+            ZoneInfo(zone)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise ConfigError(f"{source}: schedule.timezone {zone!r}: unknown time zone") from exc
+
+
 def run(args: argparse.Namespace) -> int:
     import getpass
 
@@ -115,12 +134,15 @@ def run(args: argparse.Namespace) -> int:
     paths = Paths.for_repo(repo)
     cfg = config.load(paths.config, os.environ)
     expr = args.schedule if args.schedule is not None else cfg.schedule.cron
+    # Before parsing: cron's whitespace splitting would read a newline as one more field separator.
+    deploy.check_text("--schedule" if args.schedule is not None else f"{paths.config}: schedule.cron", expr)
     try:
         cronexpr.parse(expr)
     except ValueError as exc:
         if args.schedule is not None:
             raise UsageError(f"--schedule {expr!r}: {exc}") from exc
         raise ConfigError(f"{paths.config}: schedule.cron {expr!r}: {exc}") from exc
+    _check_timezone(cfg.schedule.timezone, paths.config)
     name = args.name or re.sub(r"[^A-Za-z0-9_.:-]", "_", repo.name) or "repo"
     if not re.fullmatch(r"[A-Za-z0-9_.:-]+", name):
         raise UsageError(f"--name {name!r}: use letters, digits and _ . : - only")
