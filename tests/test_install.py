@@ -363,10 +363,12 @@ def test_crontab_line_works_under_a_bare_cron_environment(env: Env, cli, tmp_pat
 
     # Defence in depth: the outer flock alone turns a tick away with 75, before evolve even starts.
     cron_lock = str(env.paths.evolve_dir / "cron.lock")
-    holder = subprocess.Popen(["flock", "-x", cron_lock, "sleep", "30"], start_new_session=True)
+    # The holder keeps the lock until it is killed below; wait until it really holds it (no speed assumption).
+    holder = subprocess.Popen(["flock", "-x", cron_lock, "sleep", "3600"], start_new_session=True)
     try:
-        deadline = time.time() + 10
-        while subprocess.run(["flock", "-n", cron_lock, "true"]).returncode == 0 and time.time() < deadline:
+        deadline = time.time() + 300
+        while subprocess.run(["flock", "-n", cron_lock, "true"]).returncode == 0:
+            assert time.time() < deadline and holder.poll() is None, "the holder never took the lock"
             time.sleep(0.05)
         busy = run_like_cron(command, home)
     finally:
