@@ -90,7 +90,7 @@ def bench_env() -> dict[str, str]:
 
 def make_step(repo: Path, *, with_state: bool):
     from evolve import config
-    from evolve.cycle import halt
+    from evolve.cycle import halt, step1
     from evolve.cycle.fire import Fire, FireOptions
     from evolve.paths import Paths
     from evolve.store import session_state
@@ -104,7 +104,7 @@ def make_step(repo: Path, *, with_state: bool):
         now = time.time()
         ledger.repair_torn()
         fire.state = session_state.load_readonly(state_path, ledger)
-        decision = halt.evaluate(fire._snapshot(now))
+        decision = halt.evaluate(step1.snapshot(fire.ctx, now))
         return ledger.last_cycle(), decision.halt
 
     return step
