@@ -2,7 +2,7 @@
 
 Builds a 10^3-line and a 10^6-line ledger of realistic entries under ``bench/.data/`` and times, on
 each, what a fire does before its first cycle: ``Ledger.repair_torn()``, ``session_state.load_readonly``,
-the halt snapshot (``Fire._snapshot``), ``halt.evaluate`` and ``Ledger.last_cycle()``. Prints the
+the halt snapshot (``step1.snapshot``), ``halt.evaluate`` and ``Ledger.last_cycle()``. Prints the
 median of many repetitions per size and the ratio big/small; exits 1 when the ratio is >= 1.5.
 
     python bench/ledger_tail.py [--reps 200] [--rebuild]
