@@ -70,6 +70,7 @@ def run_notify(
     if payload.get("fire_id"):
         child_env[FIRE_TAG] = str(payload["fire_id"])
     with tempfile.TemporaryDirectory(prefix="evolve-notify-") as tmp:
+        tmp = os.path.realpath(tmp)  # our own private dir: canonical, so the no-symlink writers take it
         stdin, stderr = Path(tmp) / "stdin", Path(tmp) / "stderr"
         stdin.write_bytes(data)
         try:

@@ -53,7 +53,7 @@ class Paths:
             repo=repo,
             evolve_dir=operator_root(evolve_dir, repo),
             nextwork=nextwork,
-            global_kill=Path(xdg) / "evolve" / "KILL",
+            global_kill=operator_root(Path(xdg) / "evolve", repo) / "KILL",  # ~/.config may be a link
         )
 
     def _e(self, name: str) -> Path:

@@ -292,3 +292,29 @@ def test_adopt_keeps_the_mode_when_chown_is_not_permitted(tmp_path: Path, monkey
         os.close(fd)
     assert calls == [(4321, 8765), (-1, 8765)]  # owner and group, then the group alone
     assert stat.S_IMODE(new.stat().st_mode) == 0o664
+
+
+def test_private_temp_dirs_under_a_linked_tmpdir_still_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """evolve's own temp dirs (probes, gate output, notify) are made canonical before the
+    no-symlink writers see them: a TMPDIR that is a link is the operator's, not a planted one."""
+    import tempfile
+
+    from evolve.procgroup import run_capture
+
+    real = tmp_path / "real-tmp"
+    real.mkdir()
+    os.symlink(real, tmp_path / "tmp-link")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp-link"))
+    assert run_capture(["echo", "hi"], cwd=tmp_path, env=dict(os.environ), timeout_s=30) == b"hi\n"
+
+
+def test_markers_are_removed_by_name_never_through_a_linked_directory(env: Env, tmp_path: Path) -> None:
+    from evolve.store.markers import remove_marker
+
+    outside = _link_dir(tmp_path, env.repo / ".agents" / "linked")
+    (outside / "STOP").write_text("keep\n")
+    with pytest.raises(UnsafePathError):
+        remove_marker(env.repo / ".agents" / "linked" / "STOP")
+    assert (outside / "STOP").read_text() == "keep\n"
+    env.paths.stop.write_text("x\n")
+    assert remove_marker(env.paths.stop) and not remove_marker(env.paths.stop)

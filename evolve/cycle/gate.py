@@ -154,7 +154,7 @@ class Gate:
         """The first red gate command's one-line reason, or None when all are green."""
         for argv in self.cfg.gate.commands:
             with tempfile.TemporaryDirectory(prefix="evolve-gate-") as tmp:
-                out = Path(tmp) / "out"
+                out = Path(tmp).resolve() / "out"  # our private dir, canonical (TMPDIR may be a link)
                 try:
                     proc = run_group(
                         argv,

@@ -105,3 +105,14 @@ def open_file(path: Path, flags: int, mode: int = 0o666) -> int:
                 raise UnsafePathError(path) from None
             raise
 
+
+
+def remove(path: Path) -> bool:
+    """Unlink ``path`` (a file, or a link itself) by name in its directory, reached without following
+    a symlink: a linked directory on the way is refused, never reached into. False when absent."""
+    try:
+        with opened_dir(path.parent, create=False) as dfd:
+            os.unlink(path.name, dir_fd=dfd)
+    except FileNotFoundError:
+        return False
+    return True
