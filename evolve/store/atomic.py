@@ -19,15 +19,6 @@ from evolve.store.dirfd import NOFOLLOW, is_link, open_dir, open_file, opened_di
 from evolve.timeutil import utc_stamp
 
 
-def fsync_dir(directory: Path) -> None:
-    """Make a rename or create in ``directory`` durable."""
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def open_append(path: Path, mode: int = 0o666) -> int:
     """An ``O_APPEND`` descriptor on ``path``, created with ``mode`` less the umask; a symlink there or
     on the way down to it is refused (:class:`~evolve.errors.UnsafePathError`, errno ELOOP), never
