@@ -97,7 +97,17 @@ def fs_type(path: Path, mountinfo: str | None = None) -> str | None:
 
 
 def check_state_dir(evolve_dir: Path, mountinfo: str | None = None) -> list[Finding]:
+    from evolve.errors import UnsafePathError
+    from evolve.store.dirfd import open_dir
+
     out = []
+    try:  # the writers refuse a linked state directory (docs/DESIGN.md §2.0): say so up front
+        os.close(open_dir(evolve_dir, create=False))
+    except UnsafePathError as exc:
+        return [Finding("state dir", FAIL, str(exc),
+                        "replace the link with a real directory, or point EVOLVE_DIR at the directory itself")]
+    except OSError:
+        pass  # absent or unreadable: the probes below say which
     probe_dir = evolve_dir
     existing = evolve_dir
     while not existing.exists() and existing != existing.parent:

@@ -23,3 +23,20 @@ class UsageError(EvolveError):
 
 class LedgerError(EvolveError):
     """The ledger refused an append (e.g. a non-increasing cycle number)."""
+
+
+class UnsafePathError(EvolveError, OSError):
+    """A directory or file evolve writes is a symlink it did not create (docs/DESIGN.md §2.0).
+
+    An ``OSError`` (errno ELOOP) too, so a writer that logs an I/O error and goes on (a run log)
+    does so here as well, while one that must not go on ends the command with this one line.
+    """
+
+    def __init__(self, path: object) -> None:
+        import errno
+
+        why = f"refusing to write through the symlink {path} (evolve follows no links below its roots)"
+        super().__init__(errno.ELOOP, why, str(path))
+
+    def __str__(self) -> str:
+        return str(self.args[1]) if len(self.args) > 1 else super().__str__()

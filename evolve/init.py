@@ -2,25 +2,39 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from evolve.config_template import TEMPLATE
 from evolve.paths import Paths
+from evolve.store.dirfd import ensure_dir, open_file
 
 GITIGNORE = "*\n"
 
 
+def _create(path: Path, text: str) -> bool:
+    """Create ``path`` unless something (a symlink included) is there already; never through a link
+    (docs/DESIGN.md §2.0). 0o666 less the umask. False when it existed."""
+    try:
+        fd = open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    return True
+
+
 def init_repo(paths: Paths) -> list[str]:
     out = []
-    paths.evolve_dir.mkdir(parents=True, exist_ok=True)
+    ensure_dir(paths.evolve_dir)
     agents = paths.repo / ".agents"
     gi = agents / ".gitignore"
-    if agents in paths.evolve_dir.parents and not gi.exists():
-        gi.write_text(GITIGNORE, encoding="utf-8")
+    if agents in paths.evolve_dir.parents and _create(gi, GITIGNORE):
         out.append(f"wrote {gi} (.agents/ is local-only)")
-    if paths.config.exists():
-        out.append(f"kept  {paths.config} (already present)")
-    else:
-        paths.config.write_text(TEMPLATE, encoding="utf-8")
+    if _create(paths.config, TEMPLATE):
         out.append(f"wrote {paths.config}")
+    else:
+        out.append(f"kept  {paths.config} (already present)")
     return out
 
 

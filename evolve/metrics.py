@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from evolve.paths import Paths
+from evolve.paths import Paths, operator_root
 from evolve.results import UNSUCCESSFUL
 from evolve.status.snapshot import load_config, read_snapshot
 from evolve.store.atomic import atomic_write_bytes, write_json
@@ -290,16 +290,17 @@ def render(paths: Paths, cfg: Any, env: Mapping[str, str], *, beads: bool = True
 
 def write_textfile(directory: Path, text: str, name: str = TEXTFILE_NAME) -> Path:
     """Replace ``directory/name`` atomically: readers see the old file or the new one."""
-    directory.mkdir(parents=True, exist_ok=True)
     target = directory / name
-    atomic_write_bytes(target, text.encode("utf-8"), mode=0o644)
+    # Created with 0o666 less the umask, a rewrite keeps the file's mode, owner and group (so
+    # node_exporter's group can keep reading it); a symlink on the way is refused.
+    atomic_write_bytes(target, text.encode("utf-8"))
     return target
 
 
 def textfile_dir(paths: Paths, configured: str) -> Path:
-    """``[metrics] textfile_dir``, relative paths taken from the repository root."""
-    p = Path(os.path.expanduser(configured))
-    return p if p.is_absolute() else paths.repo / p
+    """``[metrics] textfile_dir``, relative paths taken from the repository root; resolved once when
+    outside the repository, never under it (:func:`evolve.paths.operator_root`)."""
+    return operator_root(Path(os.path.expanduser(configured)), paths.repo)
 
 
 def update(paths: Paths, env: Mapping[str, str], directory: Path | None = None, *, cfg: Any = None,

@@ -27,7 +27,7 @@ from evolve.childenv import BASE, FIRE
 from evolve.childenv import child_env as allowed_env
 from evolve.paths import Paths
 from evolve.procgroup import FIRE_TAG, Limits, run_group
-from evolve.store.atomic import NOFOLLOW
+from evolve.store.dirfd import open_file
 from evolve.timeutil import utc_iso
 
 Observer = Callable[[str, dict[str, Any]], None]
@@ -73,6 +73,7 @@ def run_notify(
     if payload.get("fire_id"):
         child_env[FIRE_TAG] = str(payload["fire_id"])
     with tempfile.TemporaryDirectory(prefix="evolve-notify-") as tmp:
+        tmp = os.path.realpath(tmp)  # our own private dir: canonical, so the no-symlink writers take it
         stdin, stderr = Path(tmp) / "stdin", Path(tmp) / "stderr"
         stdin.write_bytes(data)
         try:
@@ -190,8 +191,8 @@ def append_line(path: Path, obj: Mapping[str, Any]) -> None:
     the torn one is lost, never the new one.
     """
     data = orjson.dumps(dict(obj), default=str, option=orjson.OPT_APPEND_NEWLINE)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | NOFOLLOW, 0o644)  # a planted symlink: refused
+    # No symlink followed, at the file or on the way (docs/DESIGN.md §2.0); 0o666 less the umask.
+    fd = open_file(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
     try:
         size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":

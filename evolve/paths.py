@@ -17,6 +17,23 @@ FITNESS_LATEST_POST = "fitness-latest-post.json"
 FITNESS_BASELINES = "fitness-baselines"
 
 
+def operator_root(path: Path, repo: Path) -> Path:
+    """A directory the operator configured (``EVOLVE_DIR``, the queue's, the metrics textfile dir),
+    made canonical once, here, for the writers' symlink check (``store/dirfd.py``).
+
+    Outside the repository it is resolved: a symlink the operator made there
+    (``EVOLVE_DIR=/var/lib/evolve`` -> ``/srv/evolve``) is the operator's choice and honoured, and
+    after this no link is followed below it. Under the repository (relative, or absolute inside
+    ``repo``) it is only made absolute, never resolved: an agent can plant links there, and the
+    writers refuse every one of them. (A link outside the repository that points into it is still
+    followed here, once: that, too, is the operator's own configuration.)
+    """
+    path = Path(os.path.abspath(repo / path))  # lexical: "..", "." gone, nothing followed
+    if path == repo or path.is_relative_to(repo):
+        return path
+    return path.resolve()
+
+
 @dataclass(frozen=True)
 class Paths:
     repo: Path
@@ -31,11 +48,12 @@ class Paths:
         evolve_dir = Path(env.get("EVOLVE_DIR") or ".agents/evolve")
         nextwork = Path(env.get("EVOLVE_NEXTWORK") or ".agents/rpi/next-work.jsonl")
         xdg = env.get("XDG_CONFIG_HOME") or str(Path(env.get("HOME") or Path.home()) / ".config")
+        nextwork = operator_root(nextwork.parent, repo) / nextwork.name
         return cls(
             repo=repo,
-            evolve_dir=evolve_dir if evolve_dir.is_absolute() else repo / evolve_dir,
-            nextwork=nextwork if nextwork.is_absolute() else repo / nextwork,
-            global_kill=Path(xdg) / "evolve" / "KILL",
+            evolve_dir=operator_root(evolve_dir, repo),
+            nextwork=nextwork,
+            global_kill=operator_root(Path(xdg) / "evolve", repo) / "KILL",  # ~/.config may be a link
         )
 
     def _e(self, name: str) -> Path:

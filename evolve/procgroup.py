@@ -354,7 +354,8 @@ class CaptureError(Exception):
 def run_capture(argv: list[str], *, cwd: Path, env: Mapping[str, str], timeout_s: float) -> bytes:
     """Stdout of a short command (a probe) run in its own process group; any failure is a CaptureError."""
     with tempfile.TemporaryDirectory(prefix="evolve-probe-") as tmp:
-        out, err = Path(tmp) / "out", Path(tmp) / "err"
+        d = Path(tmp).resolve()  # our private dir, canonical: the writers follow no link (TMPDIR may be one)
+        out, err = d / "out", d / "err"
         try:
             res = run_group(
                 argv,

@@ -240,7 +240,7 @@ def test_a_failed_write_leaves_the_old_file_and_no_temp_file(env: Env, monkeypat
     p = write_settings(env, '{"env": {"A": "1"}}')
     before = p.read_bytes()
 
-    def boom(*_a: object) -> None:
+    def boom(*_a: object, **_dir_fds: object) -> None:
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", boom)

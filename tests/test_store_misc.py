@@ -73,7 +73,7 @@ def test_atomic_write_failure_at_replace_leaves_original(tmp_path: Path, monkeyp
     original = b'{"context_streak": 1}\n'
     target.write_bytes(original)
 
-    def boom(src: object, dst: object) -> None:
+    def boom(src: object, dst: object, **_dir_fds: object) -> None:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", boom)

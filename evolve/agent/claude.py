@@ -25,6 +25,7 @@ from evolve.config import AgentConfig
 from evolve.procgroup import Limits, run_group
 from evolve.secrets import secret_values
 from evolve.store.atomic import write_new
+from evolve.store.dirfd import ensure_dir
 
 # The Claude Code CLI's own settings and credentials; Bedrock/Vertex users add theirs in [agent] pass_env.
 CLAUDE_ENV = ("ANTHROPIC_*", "CLAUDE_*")
@@ -127,7 +128,7 @@ class ClaudeRunner:
         stop: threading.Event | None,
         on_heartbeat: Callable[..., None] | None,
     ) -> AgentReport:
-        inv.run_dir.mkdir(parents=True, exist_ok=True)
+        ensure_dir(inv.run_dir)  # a linked runs/ is refused: prompts must not land outside
         system = self.system_file(inv)
         stdin = self.stdin_file(inv)
         try:

@@ -21,6 +21,7 @@ from evolve.config import AgentConfig
 from evolve.procgroup import Limits, run_group
 from evolve.secrets import secret_values
 from evolve.store.atomic import write_new
+from evolve.store.dirfd import ensure_dir
 
 PLACEHOLDER = re.compile(r"\{(prompt_file|report_file|session_id|mode|work_json|cycle)\}")
 # A report's texts are capped far below this (agent/report.py); the bound is on what is read at all.
@@ -79,7 +80,7 @@ class CommandRunner:
         stop: threading.Event | None = None,
         on_heartbeat: Callable[[float], None] | None = None,
     ) -> AgentReport:
-        inv.run_dir.mkdir(parents=True, exist_ok=True)
+        ensure_dir(inv.run_dir)  # a linked runs/ is refused: prompts must not land outside
         try:
             return self._run(inv, on_start=on_start, stop=stop, on_heartbeat=on_heartbeat)
         finally:

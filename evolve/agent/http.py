@@ -42,6 +42,7 @@ from evolve.agent.report import AgentReport, Usage, loads_report, parse_report
 from evolve.config import AgentConfig
 from evolve.results import SUCCESS
 from evolve.store.atomic import write_json, write_new
+from evolve.store.dirfd import ensure_dir
 from evolve.timeutil import utc_iso
 from evolve.work.item import clean_text
 
@@ -498,8 +499,8 @@ class HttpRunner:
             return "empty diff block"
         if not diff.endswith("\n"):
             diff += "\n"
-        inv.run_dir.mkdir(parents=True, exist_ok=True)
-        patch = inv.run_dir.resolve() / f"cycle-{inv.cycle}.diff"
+        # Absolute for git, made so lexically: resolving would follow a link planted as runs/.
+        patch = ensure_dir(Path(os.path.abspath(inv.run_dir))) / f"cycle-{inv.cycle}.diff"
         write_new(patch, diff.encode("utf-8"))
         stat = self._git(repo, "apply", "--numstat", "-z", str(patch))
         if stat.returncode != 0:

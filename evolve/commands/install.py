@@ -185,9 +185,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"(write to {where}) {hint}", file=sys.stderr)
         return exitcodes.OK
     for fname, text in files.items():
-        target_path = where / fname
+        # The operator's directory, resolved once (their own links are honoured: the writer
+        # follows none); 0o666 less the umask when new, a rewrite keeps mode, owner and group.
+        target_path = where.resolve() / fname
         try:
-            atomic_write_bytes(target_path, text.encode("utf-8"), mode=0o644)
+            atomic_write_bytes(target_path, text.encode("utf-8"))
         except PermissionError as exc:
             raise UsageError(f"cannot write {target_path}: permission denied (use --user, --dest or --print)") from exc
         print(f"wrote {target_path}")

@@ -28,7 +28,11 @@ def run(args: argparse.Namespace) -> int:
     paths = Paths.for_repo(repo_of(args))
     cfg, _ = load_config(paths, os.environ)
     if args.textfile is not None:
-        path = metrics.write_textfile(args.textfile, metrics.render(paths, cfg, os.environ, beads=not args.no_beads))
+        from evolve.paths import operator_root
+
+        # relative to the cwd, as typed; then canonical like [metrics] textfile_dir (no link below it)
+        directory = operator_root(Path(os.path.abspath(args.textfile)), paths.repo)
+        path = metrics.write_textfile(directory, metrics.render(paths, cfg, os.environ, beads=not args.no_beads))
         print(f"wrote {path}")
     else:
         sys.stdout.write(metrics.render(paths, cfg, os.environ, beads=not args.no_beads))

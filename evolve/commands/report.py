@@ -42,7 +42,12 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(html)
         sys.stdout.flush()
         return 0
-    out = args.output if args.output is not None else paths.report_html
-    atomic_write_bytes(out, html.encode("utf-8"), mode=0o644)
+    out = paths.report_html
+    if args.output is not None:  # the operator's path: canonical once, no link followed below it
+        from evolve.paths import operator_root
+
+        out = operator_root(Path(os.path.abspath(args.output)).parent, paths.repo) / args.output.name
+    # 0o666 less the umask when new; a rewrite keeps the file's mode, owner and group
+    atomic_write_bytes(out, html.encode("utf-8"))
     print(f"wrote {out}")
     return 0

@@ -47,6 +47,7 @@ from evolve.results import CycleResult
 from evolve.secrets import redact, secret_values
 from evolve.store import session_state
 from evolve.store.atomic import atomic_write_bytes, write_json
+from evolve.store.dirfd import ensure_dir
 from evolve.store.ledger import Ledger
 from evolve.store.lock import FireLock
 from evolve.store.markers import remove_marker
@@ -176,7 +177,7 @@ class Fire:
 
     def _locked(self) -> FireOutcome:
         now = self.clock()
-        self.paths.evolve_dir.mkdir(parents=True, exist_ok=True)
+        ensure_dir(self.paths.evolve_dir)  # (FireLock has already refused a linked one)
         torn = self.ledger.repair_torn()
         if torn:
             self.log.warning("ledger.torn_line", moved_to=str(torn))

@@ -161,7 +161,7 @@ class Gate:
         env = self.command_env()
         for argv in self.cfg.gate.commands:
             with tempfile.TemporaryDirectory(prefix="evolve-gate-") as tmp:
-                out = Path(tmp) / "out"
+                out = Path(tmp).resolve() / "out"  # our private dir, canonical (TMPDIR may be a link)
                 try:
                     proc = run_group(
                         argv,

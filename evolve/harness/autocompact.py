@@ -282,6 +282,7 @@ def setup(
         else:
             result.messages.append(f"SessionStart hooks already registered in {path}")
     if changed:
+        # Keeps the file's mode, owner and group; a linked .claude/ is refused (UnsafePathError).
         atomic_write_bytes(path, render(settings))
         result.wrote = True
     if no_autocompact:
@@ -291,8 +292,9 @@ def setup(
 
 def _nudge_off(project: Path, result: SetupResult) -> None:
     marker = nudge_off_marker(project)
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.touch()
+    from evolve.store.dirfd import open_file
+
+    os.close(open_file(marker, os.O_WRONLY | os.O_CREAT))  # touch, without following a link
     result.messages.append(f"created {marker}: the autocompact nudge is silenced; {KEY} left as it was")
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import stat
 import subprocess
 import time
 from collections.abc import Mapping
@@ -31,6 +32,7 @@ from evolve import gitops
 from evolve.paths import Paths
 from evolve.secrets import redact, secret_values
 from evolve.store.atomic import atomic_write_bytes
+from evolve.store.dirfd import ensure_dir, open_dir, opened_dir
 from evolve.timeutil import utc_iso, utc_stamp
 from evolve.work.item import clean_text
 
@@ -312,8 +314,7 @@ def request(
     else:
         text = continue_artifact(ctx, note, now)
         name = f"continue-{utc_stamp(now)}-{slug(ctx.task_title or ctx.task_ref)}.md"
-    folder = paths.handoffs_dir
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = ensure_dir(paths.handoffs_dir)  # a linked handoffs/ is refused (docs/DESIGN.md §2.0)
     target = folder / name
     n = 1
     while target.exists():
@@ -374,6 +375,29 @@ def consume(paths: Paths, req: Request, now: float | None = None) -> None:
     sweep(paths, time.time() if now is None else now)
 
 
+def _age(dfd: int, name: str, now: float) -> float:
+    """Seconds since ``name`` in ``dfd`` was written; -1 for anything but a regular file."""
+    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    return now - st.st_mtime if stat.S_ISREG(st.st_mode) else -1.0
+
+
+def _sweep_folder(dfd: int, folder: Path, keep: str | None, now: float) -> tuple[int, int]:
+    archived = deleted = 0
+    for name in os.listdir(dfd):
+        if not (name.startswith("continue-") and name.endswith(".md")) or name == keep:
+            continue
+        with contextlib.suppress(OSError):
+            age = _age(dfd, name, now)
+            if age > DELETE_AFTER_DAYS * 86400:
+                os.unlink(name, dir_fd=dfd)
+                deleted += 1
+            elif age > ARCHIVE_AFTER_DAYS * 86400:
+                with opened_dir(folder / ARCHIVE) as afd:  # created here, never through a link
+                    os.replace(name, name, src_dir_fd=dfd, dst_dir_fd=afd)  # keeps the mtime
+                archived += 1
+    return archived, deleted
+
+
 def sweep(paths: Paths, now: float) -> tuple[int, int]:
     """Continue artifacts: archived after 30 days, deleted after 90 (by mtime). Forks are never timed out."""
     folder = paths.handoffs_dir
@@ -381,27 +405,17 @@ def sweep(paths: Paths, now: float) -> tuple[int, int]:
     current = pending(paths)
     if current is not None:
         keep = current.artifact
-    archived = deleted = 0
-    archive = folder / ARCHIVE
     try:
-        entries = list(folder.iterdir())
+        dfd = open_dir(folder, create=False)  # a linked handoffs/ is not ours to sweep (§2.0)
     except OSError:
         return 0, 0
-    for p in entries:
-        if not (p.name.startswith("continue-") and p.suffix == ".md") or p == keep or not p.is_file():
-            continue
-        with contextlib.suppress(OSError):
-            age = now - p.stat().st_mtime
-            if age > DELETE_AFTER_DAYS * 86400:
-                p.unlink()
-                deleted += 1
-            elif age > ARCHIVE_AFTER_DAYS * 86400:
-                archive.mkdir(exist_ok=True)
-                os.replace(p, archive / p.name)  # keeps the mtime: deletion counts from creation
-                archived += 1
-    with contextlib.suppress(OSError):
-        for p in archive.iterdir():
-            if p.is_file() and now - p.stat().st_mtime > DELETE_AFTER_DAYS * 86400:
-                p.unlink()
+    try:
+        archived, deleted = _sweep_folder(dfd, folder, keep.name if keep is not None else None, now)
+    finally:
+        os.close(dfd)
+    with contextlib.suppress(OSError), opened_dir(folder / ARCHIVE, create=False) as afd:
+        for name in os.listdir(afd):
+            if _age(afd, name, now) > DELETE_AFTER_DAYS * 86400:
+                os.unlink(name, dir_fd=afd)
                 deleted += 1
     return archived, deleted

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
+import secrets
 import stat
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -14,83 +15,117 @@ from typing import Any
 import orjson
 
 from evolve import crashpoint
+from evolve.store.dirfd import NOFOLLOW, is_link, open_dir, open_file, opened_dir
 from evolve.timeutil import utc_stamp
 
 
-def fsync_dir(directory: Path) -> None:
-    """Make a rename or create in ``directory`` durable."""
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-
-
-def open_append(path: Path, mode: int = 0o644) -> int:
-    """An ``O_APPEND`` descriptor on ``path``, created with ``mode``; a symlink there is refused
-    (``OSError``, ELOOP), never followed: one planted in ``.agents/`` cannot redirect our writes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | NOFOLLOW, mode)
-
-
-def _drop_symlink(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        if stat.S_ISLNK(os.lstat(path).st_mode):
-            os.unlink(path)
+def open_append(path: Path, mode: int = 0o666) -> int:
+    """An ``O_APPEND`` descriptor on ``path``, created with ``mode`` less the umask; a symlink there or
+    on the way down to it is refused (:class:`~evolve.errors.UnsafePathError`, errno ELOOP), never
+    followed: one planted in ``.agents/`` cannot redirect our writes."""
+    return open_file(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)
 
 
 def open_artifact(path: Path, mode: int = 0o600) -> int:
     """:func:`open_append` for a file only evolve writes (a run log): a symlink planted in its place
-    is removed first, so the artifact is written, but never through it."""
-    _drop_symlink(path)
-    return open_append(path, mode)
+    is removed first, so the artifact is written, but never through it (a linked directory on the
+    way is still refused)."""
+    with opened_dir(path.parent) as dfd:
+        if is_link(dfd, path.name):
+            os.unlink(path.name, dir_fd=dfd)
+        return os.open(path.name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | NOFOLLOW | _CLOEXEC, mode, dir_fd=dfd)
 
 
 def write_new(path: Path, data: bytes, *, mode: int = 0o600) -> None:
     """Write a file that only evolve creates and nobody else may have prepared (a prompt, a patch):
     whatever is at ``path`` (a stale copy, a planted symlink) is removed and a new file created."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, mode)
+    with opened_dir(path.parent) as dfd:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path.name, dir_fd=dfd)
+        fd = os.open(path.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | _CLOEXEC, mode, dir_fd=dfd)
+        try:
+            _write_all(fd, data)
+        finally:
+            os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_TEMP_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789_"
+
+
+def create_temp(dir_fd: int, name: str, mode: int) -> tuple[int, str]:
+    """A new ``.<name>.XXXXXXXX.tmp`` in the directory ``dir_fd`` (the name :func:`sweep_temps`
+    knows), created with ``mode`` less the umask; returns its descriptor and name."""
+    for _ in range(100):
+        tmp = f".{name}.{''.join(secrets.choice(_TEMP_CHARS) for _ in range(8))}.tmp"
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | _CLOEXEC
+            return os.open(tmp, flags, mode, dir_fd=dir_fd), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, f"no free temp name for {name}")
+
+
+def existing(dir_fd: int, name: str) -> os.stat_result | None:
+    """The regular file a replacement of ``name`` supersedes; None when there is none (a symlink
+    there is replaced, never written through, and its target's mode and owner are not taken)."""
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-    finally:
-        os.close(fd)
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    return st if stat.S_ISREG(st.st_mode) else None
+
+
+def adopt(fd: int, old: os.stat_result) -> None:
+    """Give the replacement ``fd`` the owner, group and mode of the file it replaces: a queue shared
+    through a group stays writable by the other user. The owner and group are kept where permitted
+    (root: always; a user: their own uid and a group they are in); the mode is kept regardless.
+    chown comes first: it may clear the set-id bits a chmod then restores."""
+    mine = os.fstat(fd)
+    if (mine.st_uid, mine.st_gid) != (old.st_uid, old.st_gid):
+        try:
+            os.fchown(fd, old.st_uid, old.st_gid)
+        except PermissionError:
+            with contextlib.suppress(PermissionError):
+                os.fchown(fd, -1, old.st_gid)
+    os.fchmod(fd, old.st_mode & 0o7777)
 
 
 def atomic_write_bytes(path: Path, data: bytes, *, mode: int | None = None) -> None:
-    """Temp file in the same directory, fsync, ``os.replace``, fsync the directory.
+    """Temp file in the same directory, fsync, rename over ``path``, fsync the directory.
 
-    The existing file's permission bits are kept unless ``mode`` is given. A symlink at ``path`` is
-    replaced, never written through (and its target's mode is not taken).
+    A rewrite keeps the existing file's mode, owner and group (:func:`adopt`); ``mode`` instead
+    gives the file that mode (less the umask: 0o600 for private files). A new file is created with
+    0o666 less the umask, never chmod-ed wider (systemd's ``UMask=0027`` holds). A symlink at
+    ``path`` is replaced, never written through; one on the way to it is refused
+    (:class:`~evolve.errors.UnsafePathError`): the directory is opened with :func:`open_dir` and the
+    temp file is created and renamed relative to it.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if mode is None:
+    with opened_dir(path.parent) as dfd:
+        old = existing(dfd, path.name) if mode is None else None
+        # A rewrite's temp starts private and takes the old mode only once it is ours (never wider).
+        fd, tmp = create_temp(dfd, path.name, mode if mode is not None else 0o600 if old else 0o666)
         try:
-            st = os.lstat(path)
-            mode = 0o644 if stat.S_ISLNK(st.st_mode) else st.st_mode & 0o7777
-        except FileNotFoundError:
-            mode = 0o644
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fchmod(fh.fileno(), mode)
-            os.fsync(fh.fileno())
-        crashpoint.reached(f"replace:{path.name}")
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(path.parent)
+            try:
+                _write_all(fd, data)
+                if old is not None:
+                    adopt(fd, old)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            crashpoint.reached(f"replace:{path.name}")
+            os.replace(tmp, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=dfd)
+            raise
+        os.fsync(dfd)
 
 
 # ``tempfile.mkstemp(prefix=".<name>.", suffix=".tmp")``: eight characters of [a-z0-9_] in between.
@@ -105,19 +140,22 @@ def sweep_temps(directory: Path, *, older_than_s: float, only: str | None = None
     removed: list[str] = []
     cutoff = time.time() - older_than_s
     try:
-        names = os.listdir(directory)
+        dfd = open_dir(directory, create=False)  # a linked directory is not ours to sweep
     except OSError:
         return removed
-    for name in names:
-        m = _TEMP.fullmatch(name)
-        if m is None or (only is not None and m["name"] != only):
-            continue
-        path = directory / name
-        with contextlib.suppress(OSError):
-            st = path.lstat()
-            if stat.S_ISREG(st.st_mode) and st.st_mtime < cutoff:
-                path.unlink()
-                removed.append(name)
+    try:
+        names = os.listdir(dfd)
+        for name in names:
+            m = _TEMP.fullmatch(name)
+            if m is None or (only is not None and m["name"] != only):
+                continue
+            with contextlib.suppress(OSError):
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                if stat.S_ISREG(st.st_mode) and st.st_mtime < cutoff:
+                    os.unlink(name, dir_fd=dfd)
+                    removed.append(name)
+    finally:
+        os.close(dfd)
     return removed
 
 
@@ -140,27 +178,37 @@ def read_json(path: Path) -> Any:
         return None
 
 
-def _aside_name(path: Path, label: str) -> Path:
+def _aside_name(dir_fd: int, path: Path, label: str) -> Path:
     """``<name>.<label>-<UTC>``, with a counter when that name is taken (never overwrite)."""
     stamp = utc_stamp()
     target = path.with_name(f"{path.name}.{label}-{stamp}")
     n = 1
-    while target.exists():
+    while _taken(dir_fd, target.name):
         target = path.with_name(f"{path.name}.{label}-{stamp}.{n}")
         n += 1
     return target
 
 
+def _taken(dir_fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def move_aside(path: Path, label: str) -> Path:
     """Rename ``path`` to ``<name>.<label>-<UTC>`` and return the new path."""
-    target = _aside_name(path, label)
-    os.replace(path, target)
-    fsync_dir(path.parent)
+    with opened_dir(path.parent, create=False) as dfd:
+        target = _aside_name(dfd, path, label)
+        os.replace(path.name, target.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        os.fsync(dfd)
     return target
 
 
 def save_aside(path: Path, label: str, data: bytes) -> Path:
     """Write ``data`` next to ``path`` as ``<name>.<label>-<UTC>`` (bad bytes kept, not dropped)."""
-    target = _aside_name(path, label)
+    with opened_dir(path.parent) as dfd:
+        target = _aside_name(dfd, path, label)
     atomic_write_bytes(target, data, mode=0o600)
     return target

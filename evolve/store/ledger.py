@@ -18,6 +18,7 @@ import orjson
 from evolve import crashpoint, jsonsafe
 from evolve.errors import LedgerError
 from evolve.store.atomic import save_aside
+from evolve.store.dirfd import open_file
 
 BLOCK = 64 * 1024
 
@@ -158,7 +159,7 @@ class Ledger:
     def repair_torn(self) -> Path | None:
         """Move a torn last line (no trailing newline) aside and truncate it away."""
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW)
+            fd = open_file(self.path, os.O_RDWR)  # no symlink on the way or at the end (§2.0)
         except FileNotFoundError:
             return None
         try:
@@ -187,9 +188,9 @@ class Ledger:
         if cycle <= last:
             raise LedgerError(f"cycle {cycle} is not after the ledger's last cycle {last}")
         line = jsonsafe.dumps(entry, option=orjson.OPT_APPEND_NEWLINE)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # O_NOFOLLOW: a symlink planted in .agents/ must not redirect the ledger anywhere else.
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        # No symlink planted in .agents/ (the file or a directory on the way) may redirect the
+        # ledger anywhere else; 0o666 less the umask, so systemd's UMask= holds.
+        fd = open_file(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
         try:
             crashpoint.reached("ledger.torn", lambda: os.write(fd, line[: len(line) // 2]))
             written = os.write(fd, line)

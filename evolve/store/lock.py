@@ -6,14 +6,20 @@ Python descriptors are not inherited, so the agent child never holds the lock.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from evolve.store.dirfd import open_file
+
 
 class FireLock:
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        # The first write of a fire: its directory is created, and the lock file too, without
+        # following a symlink (docs/DESIGN.md §2.0), so filelock (which opens with O_TRUNC, following
+        # links) only ever opens our regular file; a planted link ends the fire here, one line.
+        os.close(open_file(path, os.O_RDONLY | os.O_CREAT, 0o666))
         self._lock = FileLock(
             str(path),
             thread_local=False,
@@ -51,7 +57,10 @@ def is_locked_by_other(path: Path) -> bool:
     """Liveness probe for ``status``: a fire is running when the lock cannot be taken."""
     if not path.exists():
         return False
-    probe = FireLock(path)
+    try:
+        probe = FireLock(path)
+    except OSError:  # e.g. a linked state directory: the fire refuses it and says so; status goes on
+        return False
     if probe.acquire(0):
         probe.release()
         return False

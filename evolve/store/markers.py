@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from evolve.store.dirfd import remove
+
 MAX_MARKER_BYTES = 64 * 1024
 
 
@@ -36,8 +38,5 @@ def read_marker(path: Path, now: float) -> Marker:
 
 
 def remove_marker(path: Path) -> bool:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        return False
-    return True
+    """Remove a marker; a linked state directory is refused (docs/DESIGN.md §2.0). False when absent."""
+    return remove(path)

@@ -41,7 +41,6 @@ import hashlib
 import heapq
 import math
 import os
-import tempfile
 import time
 import weakref
 from array import array
@@ -52,7 +51,8 @@ from typing import Any
 import orjson
 
 from evolve import crashpoint
-from evolve.store.atomic import fsync_dir
+from evolve.store.atomic import adopt, create_temp, existing
+from evolve.store.dirfd import open_dir
 from evolve.store.jsonl import (
     Changed,
     Out,
@@ -629,49 +629,72 @@ class HarvestedQueue:
         return self._rewrite(mutate)
 
     def _rewrite(self, mutate: Callable[[_Edit], bool], attempts: int = 20) -> bool:
-        """Apply ``mutate`` and replace the file atomically without losing concurrent appends."""
-        for attempt in range(attempts):
-            known = time.time_ns()
-            try:
-                fd = os.open(self.path, os.O_RDONLY)
-            except FileNotFoundError:
-                self._forget()
-                mutate(_Edit(self, None))  # raises ClaimLost for a claim; nothing to finalize or release
-                return False
-            try:
-                st = os.fstat(fd)
-                self._sync(fd, st, known, strict=True)  # the index now describes bytes [0, self._size) of fd
-                edit = _Edit(self, fd)
-                if not mutate(edit):
-                    return False
-                try:
-                    new = self._write_new(fd, edit, st.st_mode & 0o7777)
-                except Changed:
-                    new = None
-                if new is None or not self._still_ours(fd, st):
-                    if new is not None:
-                        os.unlink(new.tmp)
-                    time.sleep(min(0.05, 0.001 * (1 << attempt)))  # let a burst of writes pass
-                    continue  # someone wrote meanwhile: start again from the new contents
-                crashpoint.reached("queue.replace")
-                replaced = time.time_ns()
-                os.replace(new.tmp, self.path)
-                self._salvage(fd, self._size)
-                fsync_dir(self.path.parent)
-                self._replaced(edit, new, replaced)
-                return True
-            finally:
-                os.close(fd)
+        """Apply ``mutate`` and replace the file atomically without losing concurrent appends.
+
+        The queue's directory is opened once without following symlinks (docs/DESIGN.md §2.0) and
+        the file is read, its temp created and renamed relative to it: a linked directory or a
+        linked queue file is refused, never written through."""
+        try:
+            dfd = open_dir(self.path.parent, create=False)
+        except FileNotFoundError:
+            return self._gone(mutate)
+        try:
+            for attempt in range(attempts):
+                done = self._attempt(dfd, mutate)
+                if done is not None:
+                    return done
+                time.sleep(min(0.05, 0.001 * (1 << attempt)))  # let a burst of writes pass
+        finally:
+            os.close(dfd)
         raise SourceError(f"{self.path} kept changing; gave up rewriting after {attempts} attempts")
 
-    def _still_ours(self, fd: int, st: os.stat_result) -> bool:
+    def _gone(self, mutate: Callable[[_Edit], bool]) -> bool:
+        self._forget()
+        mutate(_Edit(self, None))  # raises ClaimLost for a claim; nothing to finalize or release
+        return False
+
+    def _attempt(self, dfd: int, mutate: Callable[[_Edit], bool]) -> bool | None:
+        """One try at :meth:`_rewrite`; None when someone wrote meanwhile (start again)."""
+        known = time.time_ns()
+        name = self.path.name
+        try:
+            # A symlink at the queue's own path is read (as every reader does) and replaced by the
+            # rename, never written through; only a linked directory on the way is refused.
+            fd = os.open(name, os.O_RDONLY, dir_fd=dfd)
+        except FileNotFoundError:
+            return self._gone(mutate)
+        try:
+            st = os.fstat(fd)
+            self._sync(fd, st, known, strict=True)  # the index now describes bytes [0, self._size) of fd
+            edit = _Edit(self, fd)
+            if not mutate(edit):
+                return False
+            try:
+                new = self._write_new(fd, edit, existing(dfd, name), dfd)
+            except Changed:
+                new = None
+            if new is None or not self._still_ours(fd, st, dfd):
+                if new is not None:
+                    os.unlink(new.tmp, dir_fd=dfd)
+                return None  # someone wrote meanwhile: start again from the new contents
+            crashpoint.reached("queue.replace")
+            replaced = time.time_ns()
+            os.replace(new.tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            self._salvage(fd, self._size)
+            os.fsync(dfd)
+            self._replaced(edit, new, replaced)
+            return True
+        finally:
+            os.close(fd)
+
+    def _still_ours(self, fd: int, st: os.stat_result, dfd: int) -> bool:
         """The file at our path is still the one we copied, as we copied it, or it only grew since.
 
         Growth is fine: what was appended before our rename is salvaged after it (an appender writing
         every few ms would otherwise starve the rewrite). Anything else (a new inode, a shrink, a
         same-size edit, an edit in the last 4 KiB) means starting again from the new contents.
         """
-        now = os.stat(self.path)
+        now = os.stat(self.path.name, dir_fd=dfd)  # what we read: the link's target, if one stands there
         if now.st_ino != st.st_ino:
             return False
         if now.st_size == self._size:
@@ -679,9 +702,11 @@ class HarvestedQueue:
         ends_a_line = self._size == 0 or self._tail.endswith(b"\n")
         return now.st_size > self._size and ends_a_line and self._same_tail(fd)
 
-    def _write_new(self, fd: int, edit: _Edit, mode: int) -> _Written:
-        """Stream the indexed region of ``fd`` into a synced temp file, the changed lines replaced."""
-        tfd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+    def _write_new(self, fd: int, edit: _Edit, old: os.stat_result | None, dfd: int) -> _Written:
+        """Stream the indexed region of ``fd`` into a synced temp file in ``dfd``, the changed lines
+        replaced; it takes the old file's mode, owner and group (a queue shared through a group
+        stays appendable by the other user), or 0o666 less the umask when a link stood there."""
+        tfd, tmp = create_temp(dfd, self.path.name, 0o600 if old is not None else 0o666)
         try:
             out = Out(tfd)
             starts, ends = array("q", self._starts), array("q", self._ends)
@@ -705,12 +730,13 @@ class HarvestedQueue:
                 ends[prev:] = array("q", [x + shift for x in ends[prev:]])
             if out.size and not out.tail.endswith(b"\n"):
                 out.write(b"\n")  # a last line without its newline: appenders start on a line of their own
-            os.fchmod(tfd, mode)
+            if old is not None:
+                adopt(tfd, old)
             os.fsync(tfd)
             written = _Written(tmp, os.fstat(tfd), out, starts, ends)
         except BaseException:
             os.close(tfd)
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=dfd)
             raise
         os.close(tfd)
         return written
