@@ -42,7 +42,7 @@ from evolve.harness import handoff as handoffs
 from evolve.harness import hooks as harness_hooks
 from evolve.harness import plan as plans
 from evolve.paths import Paths
-from evolve.procgroup import FIRE_TAG
+from evolve.procgroup import FIRE_TAG, stop_signals
 from evolve.results import CycleResult
 from evolve.secrets import redact, secret_values
 from evolve.store import session_state
@@ -155,7 +155,12 @@ class Fire:
 
     @contextlib.contextmanager
     def _signals(self):
-        """SIGTERM/SIGINT: stop claiming, interrupt the agent group, record ``interrupted``."""
+        """SIGTERM/SIGINT/SIGHUP: stop claiming, interrupt the agent group, record ``interrupted``.
+
+        Every one of them ends the fire with exit 143, SIGHUP included: 143 is what the units'
+        ``SuccessExitStatus`` and the daemon's counts already read as "stopped after recording
+        ``interrupted``", and a hang-up asks for nothing else (128+1 would be a second code for it).
+        """
         if threading.current_thread() is not threading.main_thread():
             yield
             return
@@ -165,7 +170,7 @@ class Fire:
             got["sig"] = signum
             self.stop.set()
 
-        old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+        old = {s: signal.signal(s, handler) for s in stop_signals()}
         try:
             yield
         finally:

@@ -1,0 +1,114 @@
+"""Signals and a fire's processes (issue 15 item 5, docs/DESIGN.md §12): SIGHUP stops a fire and the
+daemon as SIGTERM does, every fire reaps the escapees carrying its id, and reconcile kills a recorded
+process group only when it is the dead fire's."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+from support import Env, entry, results
+from test_daemon import start_daemon, trap_agent, wait_file
+
+from evolve.procgroup import group_alive
+
+
+def wait_for(pred: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
+    """Poll ``pred`` until it holds; the deadline is generous (a loaded 2-core machine)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{what} not reached within {timeout:g}s")
+
+
+def fire_record(env: Env) -> dict:
+    try:
+        return env.state().get("fire") or {}
+    except (FileNotFoundError, orjson.JSONDecodeError):
+        return {}
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for init to reap it does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] not in "ZX"
+
+
+def sig_mask(pid: int, field: str) -> int:
+    """``SigCgt`` (caught) or ``SigIgn`` (ignored) of ``pid``, as a bit mask (bit n-1 = signal n)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1], 16)
+    raise AssertionError(f"no {field} for {pid}")
+
+
+def claim_status(env: Env) -> str:
+    queue = [orjson.loads(x) for x in env.paths.nextwork.read_bytes().splitlines()]
+    return queue[0]["items"][0]["claim_status"]
+
+
+# -- SIGHUP ---------------------------------------------------------------------------------------
+
+
+def start_hanging_fire(env: Env, **popen: object) -> subprocess.Popen[bytes]:
+    """``evolve fire`` whose agent hangs after a partial change; returns once the agent runs."""
+    env.queue(entry("alpha"))
+    env.steps([{"write": [{"path": "half.txt", "content": "partial"}], "hang": True}])
+    fire = subprocess.Popen([sys.executable, "-m", "evolve", "--repo", str(env.repo), "fire"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env.env(), **popen)
+    wait_for(lambda: fire_record(env).get("agent_pgid") is not None, what="agent_pgid recorded")
+    wait_for(lambda: (env.repo / "half.txt").exists(), what="the agent's partial change")
+    assert claim_status(env) == "in_progress"
+    return fire
+
+
+def test_sighup_stops_a_fire_like_sigterm(env: Env) -> None:
+    fire = start_hanging_fire(env)
+    pgid = fire_record(env)["agent_pgid"]
+    fire.send_signal(signal.SIGHUP)
+    _out, err = fire.communicate(timeout=120)
+    assert fire.returncode == 143, (fire.returncode, err[-2000:])
+    assert results(env.ledger()) == ["interrupted"]
+    wait_for(lambda: not group_alive(pgid), what="the agent's group gone")
+    assert not (env.repo / "half.txt").exists()  # the cycle's partial change was undone
+    assert claim_status(env) == "available"  # the claim went back to the queue
+    assert env.state()["fire"] is None and env.state()["claimed_work"] is None
+
+
+def test_a_fire_under_nohup_keeps_ignoring_sighup(env: Env) -> None:
+    """``nohup evolve fire``: the hang-up was meant to be survived, so the fire does not catch it."""
+    fire = start_hanging_fire(env, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    hup = 1 << (signal.SIGHUP - 1)
+    # The agent runs, so the fire's handlers are installed: TERM is caught, HUP still ignored.
+    assert sig_mask(fire.pid, "SigCgt") & (1 << (signal.SIGTERM - 1))
+    assert sig_mask(fire.pid, "SigIgn") & hup and not sig_mask(fire.pid, "SigCgt") & hup
+    fire.send_signal(signal.SIGTERM)
+    fire.communicate(timeout=120)
+    assert fire.returncode == 143 and results(env.ledger()) == ["interrupted"]
+
+
+def test_sighup_stops_the_daemon_like_sigterm(env: Env) -> None:
+    marks = trap_agent(env, "trap", grace_s=60)
+    d = start_daemon(env)
+    pgid = int(wait_file(marks / "started", timeout=60))
+    code, _took = d.stop(signal.SIGHUP, timeout=120)
+    assert code == 143, d.err.read_text()[-2000:]
+    assert (marks / "signal").read_text() == "SIGTERM"  # the agent's group got TERM, as on SIGTERM
+    assert results(env.ledger()) == ["interrupted"]
+    wait_for(lambda: not group_alive(pgid), what="the agent's group gone")
+    assert claim_status(env) == "available"
+    assert env.state()["fire"] is None
+    (sig,) = d.named("daemon.signal")
+    assert sig["signal"] == "SIGHUP"
+    (stopped,) = d.named("daemon.stop")
+    assert stopped["exit_code"] == 143 and stopped["interrupted"] == 1 and stopped["unfinished"] == []
