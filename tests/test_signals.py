@@ -4,6 +4,7 @@ process group only when it is the dead fire's."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -112,3 +113,55 @@ def test_sighup_stops_the_daemon_like_sigterm(env: Env) -> None:
     assert sig["signal"] == "SIGHUP"
     (stopped,) = d.named("daemon.stop")
     assert stopped["exit_code"] == 143 and stopped["interrupted"] == 1 and stopped["unfinished"] == []
+
+
+# -- every fire reaps what its children left ------------------------------------------------------
+
+ESCAPING_AGENT = """
+setsid sh -c 'echo $$ > "$1"; exec sleep 1000' escapee "$1" </dev/null >/dev/null 2>&1 &
+while [ ! -s "$1" ]; do sleep 0.05; done  # (the pid is written before the fire can end)
+echo '{"result": "unchanged", "summary": "left a daemon behind"}' > "$EVOLVE_REPORT_FILE"
+"""
+
+
+def test_a_setsid_escapee_is_reaped_when_its_fire_ends(env: Env, cli) -> None:
+    """The agent starts ``setsid sleep 1000 &`` (its own session, still carrying EVOLVE_FIRE_ID) and exits."""
+    pidfile = env.root / "escapee.pid"
+    env.write_config(agent={"argv": ["sh", "-c", ESCAPING_AGENT, "agent", str(pidfile)]})
+    env.queue(entry("alpha"))
+    r = cli("fire", "--cycles", "1")
+    assert r.code == 0, r.stderr
+    pid = int(wait_for_text(pidfile))
+    try:
+        # The escapee led a session of its own: no recorded group held it, the fire's end did.
+        (reaped,) = [e for e in r.events() if e["event"] == "fire.reaped"]
+        assert reaped["pgids"] == [pid]
+        wait_for(lambda: not alive(pid), what="the escapee gone")
+    finally:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_setsid_escapee_is_reaped_when_its_fire_raises(env: Env, cli) -> None:
+    """The same escapee, then the agent breaks git under evolve's feet: the fire fails (exit 1) and
+    leaves session-state.fire for the next fire, but its escapee is gone already."""
+    pidfile = env.root / "escapee.pid"
+    breaking = ESCAPING_AGENT + 'echo garbage > .git/HEAD\n'
+    env.write_config(agent={"argv": ["sh", "-c", breaking, "agent", str(pidfile)]})
+    env.queue(entry("alpha"))
+    r = cli("fire", "--cycles", "1")
+    assert r.code == 1 and "fire.error" in r.names(), r.stderr
+    pid = int(wait_for_text(pidfile))
+    try:
+        (reaped,) = [e for e in r.events() if e["event"] == "fire.reaped"]
+        assert reaped["pgids"] == [pid]
+        wait_for(lambda: not alive(pid), what="the escapee gone")
+        assert env.state()["fire"] is not None  # still left for the next fire to reconcile
+    finally:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def wait_for_text(path: Path) -> str:
+    wait_for(lambda: path.exists() and path.read_text().strip() != "", what=f"{path} written")
+    return path.read_text().strip()
