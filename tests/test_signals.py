@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import orjson
+import pytest
 from support import Env, entry, results
 from test_daemon import start_daemon, trap_agent, wait_file
 
@@ -165,3 +166,62 @@ def test_a_setsid_escapee_is_reaped_when_its_fire_raises(env: Env, cli) -> None:
 def wait_for_text(path: Path) -> str:
     wait_for(lambda: path.exists() and path.read_text().strip() != "", what=f"{path} written")
     return path.read_text().strip()
+
+
+# -- reconcile kills a recorded group only once it is the dead fire's -----------------------------
+
+DEAD_ID = "deadf1re0001"
+
+
+def plant_dead_fire(env: Env, cli, agent_pgid: int, fire_id: str) -> None:
+    """session-state as a fire that died mid-run leaves it, naming ``agent_pgid`` as its agent's group."""
+    env.queue(entry("alpha", "beta"))
+    assert cli("fire", "--cycles", "1").code == 0  # a real session-state to start from
+    state = env.state()
+    state["fire"] = {"pid": 2**22 + 1, "pgid": 2**22 + 1, "agent_pgid": agent_pgid,
+                     "started_at": "2026-01-01T00:00:00Z", "cycle": None, "fire_id": fire_id}
+    env.paths.state.write_bytes(orjson.dumps(state))
+
+
+def sleeper(env: Env, tag: str | None) -> subprocess.Popen[bytes]:
+    """A live process group of its own, started with ``EVOLVE_FIRE_ID=tag`` (or without it)."""
+    extra = {"EVOLVE_FIRE_ID": tag} if tag else {}
+    return subprocess.Popen(["sleep", "1000"], start_new_session=True, env={**env.env(), **extra})
+
+
+@pytest.mark.parametrize(("tag", "recorded_id"), [
+    (None, DEAD_ID),  # pid reuse / a reboot: somebody else's group now has that number
+    ("0therf1re002", DEAD_ID),  # another fire's child, not the dead one's
+    (None, ""),  # a record without a fire id cannot be verified at all
+])
+def test_reconcile_leaves_an_unverified_recorded_group_alone(env: Env, cli, tag: str | None,
+                                                              recorded_id: str) -> None:
+    other = sleeper(env, tag)
+    try:
+        plant_dead_fire(env, cli, other.pid, recorded_id)
+        r = cli("fire", "--cycles", "1")
+        assert r.code == 0, r.stderr
+        assert "reconcile.kill_orphan" not in r.names()
+        (skipped,) = [e for e in r.events() if e["event"] == "reconcile.pgid_reused"]
+        assert skipped["pgid"] == other.pid
+        assert other.poll() is None and group_alive(other.pid)  # still running: never signalled
+        assert env.state()["fire"] is None  # the dead fire is settled all the same
+    finally:
+        other.kill()
+        other.wait(timeout=30)
+
+
+def test_reconcile_kills_a_recorded_group_that_carries_the_dead_fires_id(env: Env, cli) -> None:
+    orphan = sleeper(env, DEAD_ID)
+    try:
+        plant_dead_fire(env, cli, orphan.pid, DEAD_ID)
+        r = cli("fire", "--cycles", "1")
+        assert r.code == 0, r.stderr
+        kills = [e for e in r.events() if e["event"] == "reconcile.kill_orphan"]
+        assert [(e["pgid"], e["found_by"]) for e in kills] == [(orphan.pid, "recorded pgid")]
+        assert "reconcile.pgid_reused" not in r.names()
+        orphan.wait(timeout=30)  # our child: reaped here once killed
+    finally:
+        if orphan.poll() is None:
+            orphan.kill()
+            orphan.wait(timeout=30)
