@@ -132,6 +132,20 @@ def tagged_groups(name: str, value: str) -> set[int]:
     return groups
 
 
+def stop_signals() -> tuple[signal.Signals, ...]:
+    """The signals that stop a fire or the daemon the way SIGTERM does (docs/DESIGN.md §12.2).
+
+    SIGHUP (the terminal or ssh session went away) is one of them: left at its default it would end
+    evolve at once, with no ``interrupted`` entry and the agent, in a session of its own, still
+    running and writing. A SIGHUP that was already ignored when evolve started (``nohup``) stays
+    ignored: whoever started it asked for the hang-up to be survived.
+    """
+    sigs = [signal.SIGTERM, signal.SIGINT]
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        sigs.append(signal.SIGHUP)
+    return tuple(sigs)
+
+
 def kill_group(pgid: int, grace_s: float = GRACE_S, reap: Callable[[], object] | None = None) -> None:
     """TERM the group, wait up to ``grace_s`` (see :func:`wait_group_gone`), then KILL whatever is left."""
     try:

@@ -19,7 +19,7 @@ class CycleResult(StrEnum):
     CONTEXT_HANDOFF = "context-handoff"  # the fire ended to resume in a fresh session
     QUARANTINED = "quarantined"  # an oscillating goal skipped
     FAILED = "failed"  # agent or infrastructure error (see ``error_class``)
-    INTERRUPTED = "interrupted"  # SIGTERM/SIGINT during the cycle
+    INTERRUPTED = "interrupted"  # SIGTERM/SIGINT/SIGHUP during the cycle
     CRASHED = "crashed"  # logged by the next fire for a fire that died mid-cycle
 
     @property

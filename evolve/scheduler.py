@@ -1,7 +1,7 @@
 """`evolve daemon`: APScheduler 3.x fires each repository's ``schedule.cron`` in-process (docs/DESIGN.md §9).
 
 Each job is one :class:`~evolve.cycle.fire.Fire`, the same code and the same kernel lock as
-``evolve fire``, so a daemon and a cron line on one repo never overlap. SIGTERM/SIGINT are handled
+``evolve fire``, so a daemon and a cron line on one repo never overlap. SIGTERM/SIGINT/SIGHUP are handled
 in the main thread, which is also the scheduler's loop: the handler only sets flags (stop claiming;
 every running fire interrupts its agent's group). The daemon's ticker thread, which also sends
 READY, WATCHDOG and STATUS, sees the flag and shuts the scheduler down without waiting; the loop
@@ -49,12 +49,13 @@ from evolve.cronexpr import CronSpec, max_interval_s, next_times
 from evolve.cycle.fire import Fire, FireOptions
 from evolve.notify import observers_for
 from evolve.paths import Paths
-from evolve.procgroup import group_alive
+from evolve.procgroup import group_alive, stop_signals
 from evolve.status import publish_daemon
 from evolve.store import session_state
 from evolve.store.ledger import Ledger
 
-SIGNAL_EXIT = {signal.SIGTERM: exitcodes.SIGTERM, signal.SIGINT: exitcodes.SIGINT}
+# SIGHUP stops the daemon as SIGTERM does, with the same 143 (see Fire._signals for why not 129).
+SIGNAL_EXIT = {signal.SIGTERM: exitcodes.SIGTERM, signal.SIGINT: exitcodes.SIGINT, signal.SIGHUP: exitcodes.SIGTERM}
 AFTER_KILL_S = 3.0  # after KILLing a late fire's agent: time for the fire to record `interrupted`
 
 
@@ -178,7 +179,7 @@ class Daemon:
         return sched
 
     def run(self) -> int:
-        """Block until a signal; the exit code is 143 (SIGTERM) or 130 (SIGINT)."""
+        """Block until a signal; the exit code is 143 (SIGTERM, SIGHUP) or 130 (SIGINT)."""
         if os.environ.get("EVOLVE_LOG_LEVEL", "").lower() == "debug":
             logging.getLogger("apscheduler").setLevel(logging.DEBUG)
         self._sched = self.build()
@@ -190,7 +191,7 @@ class Daemon:
 
     @contextlib.contextmanager
     def _signals(self):
-        old = {s: signal.signal(s, self._on_signal) for s in SIGNAL_EXIT}
+        old = {s: signal.signal(s, self._on_signal) for s in stop_signals()}  # SIGHUP unless under nohup
         try:
             yield
         finally:

@@ -1,4 +1,4 @@
-"""`evolve daemon`: fire one repository, or a fleet, on its ``schedule.cron`` until SIGTERM/SIGINT.
+"""`evolve daemon`: fire one repository, or a fleet, on its ``schedule.cron`` until SIGTERM/SIGHUP/SIGINT.
 
 Only the standard library at import time: APScheduler is imported inside ``run``, once the arguments
 are parsed.
@@ -16,7 +16,7 @@ from evolve.errors import ConfigError, UsageError
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
-    p.description = ("Fire each repository on its own schedule.cron until SIGTERM/SIGINT (exit 143/130). "
+    p.description = ("Fire each repository on its own schedule.cron until SIGTERM/SIGHUP/SIGINT (exit 143/143/130). "
                      "Without --repos/--fleet: the --repo repository (or the cwd's).")
     p.add_argument("--repos", nargs="+", type=Path, default=[], metavar="PATH", help="repositories to drive")
     p.add_argument("--fleet", type=Path, default=None, metavar="FILE",

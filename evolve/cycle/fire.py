@@ -42,7 +42,7 @@ from evolve.harness import handoff as handoffs
 from evolve.harness import hooks as harness_hooks
 from evolve.harness import plan as plans
 from evolve.paths import Paths
-from evolve.procgroup import FIRE_TAG
+from evolve.procgroup import FIRE_TAG, kill_group, stop_signals, tagged_groups
 from evolve.results import CycleResult
 from evolve.secrets import redact, secret_values
 from evolve.store import session_state
@@ -143,19 +143,51 @@ class Fire:
         seal_own_environ()  # the agent and the repo's code must not read our secrets from /proc
         try:
             if self.opts.dry_run:
-                return self._dry_run()
+                try:
+                    return self._dry_run()
+                finally:
+                    self._reap()  # its probes carry the tag too
             lock = FireLock(self.paths.lock)
             if not lock.acquire(self.opts.wait_s):
                 self.log.info("fire.skipped", reason="another fire holds the lock", lock=str(self.paths.lock))
                 return FireOutcome(exitcodes.TEMPFAIL, "busy")
             with lock, self._signals():
-                return self._locked()
+                try:
+                    return self._locked()
+                finally:
+                    self._reap()  # still under the lock: nothing of ours outlives the fire into the next
         finally:
             logmod.unbind("fire_id", "cycle")
 
+    def _reap(self) -> None:
+        """Kill every process group still carrying this fire's ``EVOLVE_FIRE_ID``, however the fire ends.
+
+        Each child's own group is killed when it ends, but what it moved into a session of its own
+        (``setsid``, a daemonizing dev server) is in no group we recorded and would keep running and
+        writing to the repository. Our own process and group are never among them
+        (:func:`~evolve.procgroup.tagged_groups` skips both).
+        """
+        try:
+            pgids = sorted(tagged_groups(FIRE_TAG, self.fire_id))
+            if not pgids:
+                return
+            self.log.warning("fire.reaped", pgids=pgids)
+            for pgid in pgids:
+                try:
+                    kill_group(pgid, grace_s=recovery.ORPHAN_GRACE_S)
+                except OSError as exc:  # not ours to signal after all: say so, go on with the rest
+                    self.log.warning("fire.reap_failed", pgid=pgid, error=str(exc)[:200])
+        except Exception as exc:  # never let the clean-up hide the fire's own outcome or exception
+            self.log.exception("fire.reap_failed", error=str(exc)[:200])
+
     @contextlib.contextmanager
     def _signals(self):
-        """SIGTERM/SIGINT: stop claiming, interrupt the agent group, record ``interrupted``."""
+        """SIGTERM/SIGINT/SIGHUP: stop claiming, interrupt the agent group, record ``interrupted``.
+
+        Every one of them ends the fire with exit 143, SIGHUP included: 143 is what the units'
+        ``SuccessExitStatus`` and the daemon's counts already read as "stopped after recording
+        ``interrupted``", and a hang-up asks for nothing else (128+1 would be a second code for it).
+        """
         if threading.current_thread() is not threading.main_thread():
             yield
             return
@@ -165,7 +197,7 @@ class Fire:
             got["sig"] = signum
             self.stop.set()
 
-        old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+        old = {s: signal.signal(s, handler) for s in stop_signals()}
         try:
             yield
         finally:

@@ -1,9 +1,10 @@
 """The shell of recovery (docs/DESIGN.md §4.0): what a fire does under the lock before Step 1.
 
 Temp files a killed writer left are swept, and a dead fire recorded in session-state is settled
-as :func:`evolve.cycle.reconcile.decide` says: its orphaned process groups killed (by the recorded
-agent PGID and by the ``EVOLVE_FIRE_ID`` tag in their environment), a ``crashed`` entry for the
-cycle it died in, and its claim finalized or released.
+as :func:`evolve.cycle.reconcile.decide` says: its orphaned process groups killed (the recorded
+agent PGID only once a member is seen carrying the dead fire's ``EVOLVE_FIRE_ID``, and every other
+group such a member is in), a ``crashed`` entry for the cycle it died in, and its claim finalized or
+released.
 """
 
 from __future__ import annotations
@@ -49,15 +50,28 @@ def recover(ctx: FireContext) -> None:
 
 
 def _kill_orphans(ctx: FireContext, d: reconcile.Reconcile) -> None:
-    if d.kill_pgid and group_alive(d.kill_pgid):
-        ctx.log.warning("reconcile.kill_orphan", pgid=d.kill_pgid, found_by="recorded pgid")
-        kill_group(d.kill_pgid, grace_s=ORPHAN_GRACE_S)
+    """Kill the dead fire's process groups: only those a member of which carries its ``EVOLVE_FIRE_ID``.
+
+    The recorded ``agent_pgid`` alone proves nothing: after a reboot, or once the pid was reused, the
+    same number names somebody else's group. A member started with ``EVOLVE_FIRE_ID=<the dead fire's
+    id>`` (12 random hex digits, set at exec) is what makes a group the dead fire's; a start time later
+    than the dead fire's ``started_at`` would not (every process after a reboot has one). A group that
+    cannot be verified (a record without a fire id, no ``/proc``) is never killed.
+    """
     dead_id = ctx.state.fire.fire_id if ctx.state.fire is not None else ""
-    if d.dead_fire and dead_id and dead_id != ctx.fire_id:
-        for pgid in sorted(tagged_groups(FIRE_TAG, dead_id)):
-            if group_alive(pgid):
-                ctx.log.warning("reconcile.kill_orphan", pgid=pgid, found_by=FIRE_TAG)
-                kill_group(pgid, grace_s=ORPHAN_GRACE_S)
+    ours = d.dead_fire and bool(dead_id) and dead_id != ctx.fire_id
+    tagged = tagged_groups(FIRE_TAG, dead_id) if ours else set()
+    if d.kill_pgid and group_alive(d.kill_pgid):
+        if d.kill_pgid in tagged:
+            ctx.log.warning("reconcile.kill_orphan", pgid=d.kill_pgid, found_by="recorded pgid")
+            kill_group(d.kill_pgid, grace_s=ORPHAN_GRACE_S)
+        else:
+            ctx.log.warning("reconcile.pgid_reused", pgid=d.kill_pgid, dead_fire_id=dead_id or None,
+                            detail=f"no member carries the dead fire's {FIRE_TAG}: left alone")
+    for pgid in sorted(tagged - {d.kill_pgid}):
+        if group_alive(pgid):
+            ctx.log.warning("reconcile.kill_orphan", pgid=pgid, found_by=FIRE_TAG)
+            kill_group(pgid, grace_s=ORPHAN_GRACE_S)
 
 
 def _log_crashed(ctx: FireContext, cycle: int, fire: FireRecord, claimed: ClaimedWork | None) -> None:
