@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from evolve import redact
 from evolve.paths import Paths
 from evolve.procgroup import FIRE_TAG, Limits, run_group
 from evolve.store.atomic import NOFOLLOW
@@ -62,7 +63,9 @@ def run_notify(
     which goes when it ends, and tagged with the fire's id, so a fire that dies meanwhile leaves
     nothing the next one cannot find.
     """
-    data = orjson.dumps(dict(payload), default=str, option=orjson.OPT_APPEND_NEWLINE)[:MAX_STDIN]
+    # The sink: redacted before the cap, so a cut can never leave a secret's prefix behind.
+    body = redact.current().json(orjson.loads(orjson.dumps(dict(payload), default=str)))
+    data = orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE)[:MAX_STDIN]
     child_env = dict(os.environ if env is None else env)
     child_env["EVOLVE_EVENT"] = str(payload.get("event", ""))
     if payload.get("repo"):
@@ -184,7 +187,8 @@ def append_line(path: Path, obj: Mapping[str, Any]) -> None:
     After a torn last line (a fire killed mid-write) the new line starts on a line of its own, so only
     the torn one is lost, never the new one.
     """
-    data = orjson.dumps(dict(obj), default=str, option=orjson.OPT_APPEND_NEWLINE)
+    clean = redact.current().json(orjson.loads(orjson.dumps(dict(obj), default=str)))  # the sink (halt details)
+    data = orjson.dumps(clean, option=orjson.OPT_APPEND_NEWLINE)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | NOFOLLOW, 0o644)  # a planted symlink: refused
     try:

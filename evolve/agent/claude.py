@@ -22,7 +22,7 @@ from evolve.agent.invocation import Invocation
 from evolve.agent.report import AgentReport
 from evolve.config import AgentConfig
 from evolve.procgroup import Limits, run_group
-from evolve.secrets import secret_values
+from evolve.redact import Redactor
 from evolve.store.atomic import write_new
 
 
@@ -154,7 +154,7 @@ class ClaudeRunner:
                     on_output=state.feed,
                     stop=stop,
                     on_heartbeat=beat,
-                    redact_values=secret_values(env),
+                    redactor=Redactor.from_env(env),
                 )
             except OSError as exc:
                 return AgentReport("failed", error_class="fatal", error=f"cannot start {self.cfg.argv[0]!r}: {exc}")

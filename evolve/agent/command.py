@@ -18,7 +18,7 @@ from evolve.agent.invocation import Invocation
 from evolve.agent.report import AgentReport, parse_report
 from evolve.config import AgentConfig
 from evolve.procgroup import Limits, run_group
-from evolve.secrets import secret_values
+from evolve.redact import Redactor
 from evolve.store.atomic import write_new
 
 PLACEHOLDER = re.compile(r"\{(prompt_file|report_file|session_id|mode|work_json|cycle)\}")
@@ -102,7 +102,7 @@ class CommandRunner:
                 on_start=on_start,
                 stop=stop,
                 on_heartbeat=on_heartbeat,
-                redact_values=secret_values(env),
+                redactor=Redactor.from_env(env),
             )
         except OSError as exc:
             return AgentReport("failed", error_class="fatal", error=f"cannot start agent {argv[0]!r}: {exc}")

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from evolve import crashpoint, jsonsafe
+from evolve import crashpoint, jsonsafe, redact
 from evolve.errors import LedgerError
 from evolve.store.atomic import save_aside
 
@@ -186,6 +186,8 @@ class Ledger:
         last = self.last_cycle()
         if cycle <= last:
             raise LedgerError(f"cycle {cycle} is not after the ledger's last cycle {last}")
+        # The sink: agent reports and item titles reach entries; no secret reaches the file.
+        entry = redact.current().json(entry)
         line = jsonsafe.dumps(entry, option=orjson.OPT_APPEND_NEWLINE)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # O_NOFOLLOW: a symlink planted in .agents/ must not redirect the ledger anywhere else.
