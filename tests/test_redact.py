@@ -1,0 +1,221 @@
+"""Issue 13: one redaction module (evolve/redact.py), every shape it masks, and every sink calling it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from evolve.redact import MASK, Redactor, activate, current, env_literals, secret_name
+
+R = Redactor()
+
+POSITIVE = [
+    "sk-ant-api03-AbCdEf0123456789xyzXYZ",
+    "sk-proj-AbCdEf0123456789xyzXYZ",
+    "ghp_AbCdEf0123456789AbCdEf0123456789abcd",
+    "gho_AbCdEf0123456789AbCdEf",
+    "ghs_AbCdEf0123456789AbCdEf",
+    "ghu_AbCdEf0123456789AbCdEf",
+    "ghr_AbCdEf0123456789AbCdEf",
+    "github_pat_11AbCdEf0123456789_xyz",
+    "xoxb-1234567890-abcdefghij",
+    "xoxa-1234567890-abcdefghij",
+    "xoxp-1234567890-abcdefghij",
+    "xoxr-1234567890-abcdefghij",
+    "AKIAIOSFODNN7EXAMPLE",
+    "https://hooks.slack.com/services/T000/B000/XXXXXXXXXXXXXXXX",
+    "https://discord.com/api/webhooks/123456789012345678/abcDEF_ghi-123",
+    "https://discordapp.com/api/webhooks/123456789012345678/abcDEF_ghi-123",
+    "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+    "glpat-AbCdEf0123456789xyz",
+]
+
+
+@pytest.mark.parametrize("secret", POSITIVE)
+def test_each_token_shape_is_masked_anywhere_in_text(secret: str) -> None:
+    out = R.text(f"before {secret} after")
+    assert secret not in out and out == f"before {MASK} after"
+
+
+def test_urls_pem_bearer_and_assignments() -> None:
+    assert R.text("db at postgres://app:s3cretPassw0rd@db:5432/x") == "db at postgres://app:***@db:5432/x"
+    pem = "x\n-----BEGIN OPENSSH PRIVATE KEY-----\nAAAA\nBBBB\n-----END OPENSSH PRIVATE KEY-----\ny"
+    assert R.text(pem) == "x\n[REDACTED PRIVATE KEY]\ny"
+    assert R.text("curl -H 'Authorization: Bearer abcdefghijklmnop'") == "curl -H 'Authorization: Bearer ***'"
+    assert R.text("use Bearer abcdefghijklmnop now") == "use Bearer *** now"
+    assert R.text("password=hunter2hunter2") == "password=***"
+
+
+NEGATIVE = [
+    "the keyboard token budget is fine, max_tokens=4096, input_tokens: 1200",
+    "a3f9c2e1b4d5a3f9c2e1b4d5a3f9c2e1b4d5a3f9",  # a git SHA
+    "123e4567-e89b-12d3-a456-426614174000",  # a UUID
+    "disk-usage-monitor-thing and task-sk-abcdefghijklmnopqrs",
+    "see http://localhost:8080/x and https://github.com/o/r",
+    "source_epic=e1:item=fix the flaky test",
+    "AKIA is a prefix, AKIAshort is not a key",
+    "eyJ alone is not a JWT",
+]
+
+
+@pytest.mark.parametrize("text", NEGATIVE)
+def test_ordinary_text_shas_and_uuids_are_left_alone(text: str) -> None:
+    assert R.text(text) == text
+
+
+def test_names_decide_literals_and_harmless_names_do_not() -> None:
+    for name in ("AWS_SECRET_ACCESS_KEY", "OPENAI_KEY", "GH_TOKEN", "PGPASSWORD", "FTP_PASSWD", "X_CREDENTIALS",
+                 "NPM_AUTH", "SLACK_WEBHOOK_URL", "MY_PRIVATE", "SENTRY_DSN", "author_token", "apikey"):
+        assert secret_name(name), name
+    for name in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "KEYBOARD_LAYOUT", "KEYMAP", "TOKENIZERS_PARALLELISM",
+                 "PATH", "HOME", "DATABASE_URL"):
+        assert not secret_name(name), name
+    env = {"OPENAI_KEY": "plainValueNoShape1", "AUTH": "1", "GIT_AUTHOR_EMAIL": "test@localhost",
+           "DATABASE_URL": "postgres://u:dbPassw0rdValue@h/db"}
+    assert env_literals(env) == {"plainValueNoShape1", "dbPassw0rdValue"}  # short values never
+    r = Redactor.from_env(env)
+    assert r.text("x plainValueNoShape1 dbPassw0rdValue test@localhost 1") == "x *** *** test@localhost 1"
+    assert Redactor.from_env(env) is r  # built once per distinct set of secrets
+
+
+def test_bytes_json_and_filenames() -> None:
+    r = Redactor(["literalSecret99"])
+    assert r.bytes(b"a literalSecret99 \xff b") == b"a *** \xff b"
+    obj = {"literalSecret99": ["x literalSecret99", {"k": "ghp_AbCdEf0123456789AbCdEf"}], "n": 3, "b": None}
+    assert r.json(obj) == {"***": ["x ***", {"k": "***"}], "n": 3, "b": None}
+    assert r.filename("fix ghp_AbCdEf0123456789AbCdEf/../literalSecret99 now") == "fix-redacted-..-redacted-now"
+
+
+def test_activate_covers_the_fire_env_and_the_process_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import evolve.redact as mod
+
+    monkeypatch.setattr(mod, "_active", None)
+    monkeypatch.setenv("PROCESS_TOKEN", "processTokenValue1")
+    assert "processTokenValue1" in current().literals
+    activate({"FIRE_SECRET": "fireSecretValue22"})
+    assert {"processTokenValue1", "fireSecretValue22"} <= set(current().literals)
+
+
+def test_the_module_imports_nothing_heavy() -> None:
+    tree = ast.parse(Path(mod_path()).read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert imported <= {"__future__", "os", "re", "collections", "typing"}
+
+
+def mod_path() -> str:
+    import evolve.redact
+
+    return evolve.redact.__file__
+
+
+# -- every sink calls the redactor ----------------------------------------------------------------
+
+ROOT = Path(mod_path()).parent
+# Calls that put bytes somewhere durable or visible: files under .agents/, git, stdout, a child's stdin.
+WRITERS = {"write_json", "atomic_write_bytes", "append_bytes", "append_entry", "append_line", "write_textfile",
+           "commit_paths", "run_notify", "write", "write_bytes", "write_text"}
+REDACTS = {"redact", "current", "redactor", "Redactor", "redact_text", "activate"}
+# Writers that need no redaction of their own, each with the reason. Anything new must pick a side.
+EXEMPT = {
+    "store/atomic.py": "the primitives; their callers are the sinks",
+    "store/jsonl.py": "byte mechanics of the queue; callers redact",
+    "store/lock.py": "pid and time only",
+    "store/markers.py": "marker primitives",
+    "procgroup.py:_start": "no content", "procgroup.py:kill_group": "no content",
+    "harness/autocompact.py": "the operator's settings.json, keys evolve owns",
+    "harness/hooks.py": "hook output: cycle-state, already redacted at its sink",
+    "agent/claude.py": "prompt/system exchange files, deleted after the run; output via run_group's redactor",
+    "agent/command.py": "prompt/report exchange files, deleted after the run; output via run_group's redactor",
+    "agent/http.py": "the provider conversation the model needs verbatim; errors redacted by _redact",
+    "agent/scripted.py": "the test agent itself",
+    "work/harvested.py": "rewrites keep the operator's lines (a title is the item's ref); appends are redacted "
+                         "by scout.queue_new_work and generators' callers",
+    "work/goals/snapshot.py": "gate check names and numbers",
+    "work/generators.py": "generator output queued via the selector",
+    "metrics.py:ledger_counts": "counts by result",
+    "metrics.py:write_textfile": "render() redacts every label (Exposition)",
+    "status/schedule.py": "daemon pid/heartbeat",
+    "commands/install.py": "unit files rendered from config",
+    "commands/markers.py": "the operator's own STOP/KILL reason, written at their request",
+    "commands/setup.py": "settings", "commands/init.py": "templates", "init.py": "templates",
+    "deploy.py": "unit files", "demo.py": "the demo repo", "doctor.py": "read-only checks",
+    "commands/report.py": "render_html redacts every text through t()",
+    "commands/hook.py": "hook text comes from harness.hooks over redacted state",
+    "commands/doctor.py": "read-only checks", "commands/demo.py": "the demo",
+    "commands/daemon.py": "daemon bookkeeping", "scheduler.py": "daemon bookkeeping",
+    "sdnotify.py": "systemd socket", "crashpoint.py": "tests",
+    "cycle/side.py:dormant": "counts only",
+    "cycle/fire.py:_write_fire_record": "ids, times and counts",
+    "log.py": "structlog renders after the _redact processor",
+    "gitops.py:commit_paths": "the message comes from commit_message, which redacts",
+    "cycle/gate.py:_commit": "the message comes from gitops.commit_message, which redacts",
+    "cycle/side.py:idle": "DORMANT: counts and times",
+    "metrics.py:update": "render() redacts every label (Exposition)",
+    "commands/metrics.py:run": "metrics.render() redacts every label (Exposition)",
+    "notify.py:__call__": "run_notify and append_line redact what they write",
+}
+# The sinks issue 13 names: each of these functions must itself call the redaction module.
+SINKS = [
+    ("store/ledger.py", "append"), ("store/session_state.py", "save"), ("log.py", "_redact"),
+    ("procgroup.py", "_write_redacted"), ("procgroup.py", "close"), ("report/render.py", "t"),
+    ("metrics.py", "__init__"), ("notify.py", "run_notify"), ("notify.py", "append_line"),
+    ("harness/handoff.py", "request"), ("harness/handoff.py", "slug"), ("gitops.py", "commit_message"),
+    ("commands/status.py", "run_status"), ("commands/status.py", "run_history"), ("commands/fire.py", "run"),
+    ("cycle/scout.py", "queue_new_work"), ("cycle/fire.py", "_write_cycle_state"), ("cycle/fire.py", "_handoff"),
+    ("cycle/side.py", "blocked"), ("cycle/fire.py", "__init__"),
+]
+
+
+def _functions(tree: ast.AST) -> list[ast.FunctionDef]:
+    return [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
+
+
+def _names(node: ast.AST) -> set[str]:
+    out = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name):
+            out.add(n.id)
+        elif isinstance(n, ast.Attribute):
+            out.add(n.attr)
+    return out
+
+
+def _called(fn: ast.FunctionDef) -> set[str]:
+    out = set()
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Call):
+            f = n.func
+            out.add(f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else "")
+    return out
+
+
+@pytest.mark.parametrize(("module", "func"), SINKS)
+def test_each_named_sink_calls_the_redaction_module(module: str, func: str) -> None:
+    fns = [f for f in _functions(ast.parse((ROOT / module).read_text())) if f.name == func]
+    assert fns, f"{module}:{func} is gone: update the sink list"
+    assert any(_names(f) & REDACTS for f in fns), f"{module}:{func} writes without redacting"
+
+
+def test_every_function_that_writes_redacts_or_says_why_not() -> None:
+    offenders = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel in EXEMPT or rel == "redact.py":
+            continue
+        for fn in _functions(ast.parse(path.read_text())):
+            if f"{rel}:{fn.name}" in EXEMPT or not (_called(fn) & WRITERS):
+                continue
+            if not (_names(fn) & REDACTS):
+                offenders.append(f"{rel}:{fn.name}")
+    assert offenders == []
+
+
+def test_no_module_keeps_secrets_of_its_own() -> None:
+    """One module: no other copy of the secret list, no module-level cache of values (render.py had one)."""
+    for path in ROOT.rglob("*.py"):
+        text = path.read_text()
+        assert "_SECRET_VALUES" not in text and "secret_values" not in text, path
+        assert "evolve.secrets" not in text, path
