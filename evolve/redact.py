@@ -31,6 +31,7 @@ MASK = "***"
 PEM_MASK = "[REDACTED PRIVATE KEY]"
 FILE_MASK = "redacted"  # '*' has no place in a file name
 MIN_LITERAL = 8
+MIN_PREFIX = 6  # a text cut short (a cap, a log field) may end in this much of a literal: masked too
 
 _NAME_WORDS = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL|AUTH|WEBHOOK|PRIVATE|DSN")
 _NAME_HARMLESS = re.compile(r"AUTHOR|KEYBOARD|KEYMAP|TOKENIZER")
@@ -59,6 +60,11 @@ _SHAPES = re.compile(
         r"|private[_\-]?key)[\"']?\s*[:=]\s*[\"']?))[^\s\"',;}]{4,}",
     ])
 )
+# Every shape above needs one of these (lowercased) in the text. Most texts have none, and a few
+# substring tests are far cheaper than the alternation: the report calls ``text`` per table cell.
+_TRIGGERS = ("-----begin", "://", "eyj", "sk-", "ghp_", "gho_", "ghs_", "ghu_", "ghr_", "github_pat_", "xox", "xapp-",
+             "akia", "asia", "glpat-", "npm_", "aiza", "bearer", "authorization", "x-api-key", "x-auth-token",
+             "cookie", "key", "secret", "passw", "token", "credential")
 _KEEP = ("keep1", "keep2", "keep3", "keep4", "keep5", "keep6")
 
 
@@ -70,6 +76,15 @@ def _replace(m: re.Match[str]) -> str:
         if kept is not None:
             return kept + MASK
     return MASK
+
+
+def _prefix_pattern(value: str) -> str:
+    """``abcdefgh`` -> ``abcdef(?:g(?:h)?)?``: the literal's first MIN_PREFIX characters or more."""
+    head, rest = re.escape(value[:MIN_PREFIX]), value[MIN_PREFIX:]
+    tail = ""
+    for ch in reversed(rest):
+        tail = f"(?:{re.escape(ch)}{tail})?"
+    return head + tail
 
 
 def secret_name(name: str) -> bool:
@@ -98,6 +113,9 @@ class Redactor:
         values = sorted({v for v in literals if len(v) >= MIN_LITERAL}, key=len, reverse=True)  # longest first
         self.literals: tuple[str, ...] = tuple(values)
         self._literal = re.compile("|".join(map(re.escape, values))) if values else None
+        # A literal's prefix at the very end of a text (before an ellipsis): what a cap leaves of it.
+        prefixes = "|".join(_prefix_pattern(v) for v in values)
+        self._tail = re.compile(f"(?:{prefixes})(?=(?:…|\\.\\.\\.)?\\Z)") if values else None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Redactor:
@@ -111,7 +129,11 @@ class Redactor:
     def text(self, s: str) -> str:
         if self._literal is not None:
             s = self._literal.sub(MASK, s)
-        return _SHAPES.sub(_replace, s)
+            if self._tail is not None and len(s) >= MIN_PREFIX:
+                n = len(self.literals[0]) + 3  # no cut literal (plus an ellipsis) is longer
+                s = s[:-n] + self._tail.sub(MASK, s[-n:])
+        low = s.lower()
+        return _SHAPES.sub(_replace, s) if any(t in low for t in _TRIGGERS) else s
 
     def bytes(self, b: bytes) -> bytes:
         return self.text(b.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")

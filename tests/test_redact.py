@@ -219,3 +219,25 @@ def test_no_module_keeps_secrets_of_its_own() -> None:
         text = path.read_text()
         assert "_SECRET_VALUES" not in text and "secret_values" not in text, path
         assert "evolve.secrets" not in text, path
+
+
+def test_a_cut_literal_is_masked_where_a_cap_left_it() -> None:
+    r = Redactor(["tok-PLANTED-ghost-token-42"])
+    assert r.text("error: tok-PLANTED-gho…") == "error: ***…"
+    assert r.text("error: tok-PLANTED-ghost") == "error: ***"
+    assert r.text("tok-PLANTED is mentioned mid-text") == "tok-PLANTED is mentioned mid-text"
+
+
+def test_run_logs_hold_back_a_private_key_until_its_end_arrives(tmp_path: Path) -> None:
+    """Run logs are written line by line; a key block spans lines and reads, and must go as a whole."""
+    from evolve.procgroup import _write_redacted
+
+    r = Redactor()
+    chunks = [b"before\n-----BEGIN RSA PRIVATE KEY-----\nAAAAsecretline1\n", b"BBBBsecretline2\n",
+              b"-----END RSA PRIVATE KEY-----\nafter\n"]
+    with open(tmp_path / "log", "wb") as log:
+        pending = b""
+        for c in chunks:
+            pending = _write_redacted(log, pending + c, r)
+        log.write(r.bytes(pending))
+    assert (tmp_path / "log").read_bytes() == b"before\n[REDACTED PRIVATE KEY]\nafter\n"
