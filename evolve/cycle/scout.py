@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from evolve import redact
 from evolve.agent.report import AgentReport
 from evolve.cycle.context import FireContext
 from evolve.timeutil import utc_iso
@@ -53,6 +52,6 @@ def queue_new_work(ctx: FireContext, cycle: int, items: list[dict[str, Any]], *,
     if fresh:
         entry = generators.generator_entry(fresh, utc_iso(ctx.clock()))
         entry["source_epic"] = epic
-        harvested.append_entry(redact.current().json(entry))  # the sink: titles reach prompts and entries
+        harvested.append_entry(entry)
         ctx.log.info("queue.appended", cycle=cycle, count=len(fresh), epic=epic)
     return len(fresh)

@@ -10,7 +10,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from evolve import redact
 from evolve.config import Config
 from evolve.paths import Paths
 from evolve.store.ledger import Ledger
@@ -84,8 +83,7 @@ class Selector:
             preview = [self.harvested.preview_item(it) for it in fresh]
             return ladder.Probe(tuple(preview))
         appended_at = self.harvested.lines  # as last read: the new entry is on this line or a later one
-        # The sink: a generator's output may quote anything; what is queued reaches prompts and entries.
-        self.harvested.append_entry(redact.current().json(generators.generator_entry(fresh, utc_iso())))
+        self.harvested.append_entry(generators.generator_entry(fresh, utc_iso()))
         self.log.info("generator.items", count=len(fresh))
         keys = keys_of(fresh)
 
