@@ -131,7 +131,6 @@ EXEMPT = {
     "harness/hooks.py": "hook output: cycle-state, already redacted at its sink",
     "agent/claude.py": "prompt/system exchange files, deleted after the run; output via run_group's redactor",
     "agent/command.py": "prompt/report exchange files, deleted after the run; output via run_group's redactor",
-    "agent/http.py": "the provider conversation the model needs verbatim; errors redacted by _redact",
     "agent/scripted.py": "the test agent itself",
     "work/goals/snapshot.py": "gate check names and numbers",
     "work/generators.py": "generator output queued via HarvestedQueue.append_entry",
@@ -146,7 +145,7 @@ EXEMPT = {
     "deploy.py": "unit files", "demo.py": "the demo repo", "doctor.py": "read-only checks",
     "commands/report.py": "render_html redacts every text through t()",
     "commands/hook.py": "hook text comes from harness.hooks over redacted state",
-    "commands/doctor.py": "read-only checks", "commands/demo.py": "the demo",
+    "commands/demo.py": "the demo",
     "commands/daemon.py": "daemon bookkeeping", "scheduler.py": "daemon bookkeeping",
     "sdnotify.py": "systemd socket", "crashpoint.py": "tests",
     "cycle/side.py:dormant": "counts only",
@@ -169,7 +168,7 @@ SINKS = [
     ("work/harvested.py", "append_entry"), ("work/harvested.py", "_update"),
     ("cycle/fire.py", "_write_cycle_state"), ("cycle/fire.py", "_handoff"),
     ("cycle/side.py", "blocked"), ("cycle/fire.py", "__init__"), ("cycle/fire.py", "scrub"),
-    ("agent/http.py", "_redact"),
+    ("cli.py", "_error_text"), ("commands/doctor.py", "run"), ("agent/http.py", "_redact"), ("agent/http.py", "_save"),
 ]
 
 

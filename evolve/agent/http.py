@@ -389,7 +389,8 @@ class HttpRunner:
 
     def _save(self, path: Path, stored: SessionFile) -> None:
         try:
-            write_json(path, stored.as_json())
+            # The sink: the conversation lives under .agents/ and quotes whatever the model or a tool saw.
+            write_json(path, redact.current().json(stored.as_json()))
         except OSError:
             pass  # losing the history only makes the next call start fresh (rebuilt: true)
 
