@@ -85,7 +85,8 @@ def test_planted_secrets_never_reach_any_output(env: Env, cli) -> None:
         r = cli("fire", "--cycles", "1", extra_env=SECRET_ENV)
         outs += [r.stdout, r.stderr]
     commands = [("handoff", "continue", "--note", _leak("note")), ("fire", "--dry-run"), ("status",),
-                ("status", "--json"), ("doctor",), ("doctor", "--json"), ("history",), ("history", "--json"), ("metrics",),
+                ("status", "--json"), ("doctor",), ("doctor", "--json"), ("history",), ("history", "--json"),
+                ("metrics",),
                 ("metrics", "--textfile", str(env.repo / ".agents" / "prom")),
                 ("report", "-o", str(env.repo / ".agents" / "report.html"))]
     for args in commands:
