@@ -186,9 +186,9 @@ class Ledger:
         last = self.last_cycle()
         if cycle <= last:
             raise LedgerError(f"cycle {cycle} is not after the ledger's last cycle {last}")
-        # The sink: agent reports and item titles reach entries; no secret reaches the file.
-        entry = redact.current().json(entry)
-        line = jsonsafe.dumps(entry, option=orjson.OPT_APPEND_NEWLINE)
+        # The sink: agent reports and item titles reach entries; no secret reaches the file. (The
+        # caller keeps its own object; every other sink it goes to redacts for itself.)
+        line = jsonsafe.dumps(redact.current().json(entry), option=orjson.OPT_APPEND_NEWLINE)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # O_NOFOLLOW: a symlink planted in .agents/ must not redirect the ledger anywhere else.
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
