@@ -168,7 +168,8 @@ SINKS = [
     ("work/harvested.py", "append_entry"), ("work/harvested.py", "_update"),
     ("cycle/fire.py", "_write_cycle_state"), ("cycle/fire.py", "_handoff"),
     ("cycle/side.py", "blocked"), ("cycle/fire.py", "__init__"), ("cycle/fire.py", "scrub"),
-    ("cli.py", "_error_text"), ("commands/doctor.py", "run"), ("agent/http.py", "_redact"), ("agent/http.py", "_save"),
+    ("agent/prompt.py", "build"), ("agent/invocation.py", "values"), ("cli.py", "_error_text"),
+    ("commands/doctor.py", "run"), ("agent/http.py", "_redact"), ("agent/http.py", "_save"),
 ]
 
 

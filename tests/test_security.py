@@ -104,6 +104,9 @@ def test_planted_secrets_never_reach_any_output(env: Env, cli) -> None:
     appended = b"\n".join(env.paths.nextwork.read_bytes().splitlines()[operator_lines:])
     assert b"follow-up" in appended and _hits("queue", appended) == []
     assert "***" in (env.paths.runs_dir / "cycle-1.log").read_text()
+    # The prompts the agent got (and would send to its model provider) carried no secret either.
+    prompts = [orjson.dumps(c).decode() for c in env.calls()]
+    assert "fix the *** leak" in prompts[0] and _hits("prompts", "".join(prompts)) == []
 
 
 def test_symlinked_ledger_is_refused_not_followed(env: Env, cli, tmp_path: Path) -> None:
