@@ -68,6 +68,13 @@ def entry() -> None:
     raise SystemExit(code)
 
 
+def _error_text(text: str) -> str:
+    """The sink for error lines: a config value or a URL quoted in an exception loses its secret."""
+    from evolve.redact import current
+
+    return current().text(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     try:
@@ -81,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(commands.load(args.command).run(args))
     except EvolveError as exc:
         # One line, whatever a hostile key or path contains.
-        print("evolve: " + " ".join(str(exc).split("\n")), file=sys.stderr)
+        print("evolve: " + _error_text(" ".join(str(exc).split("\n"))), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return exitcodes.SIGINT
@@ -89,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         return exitcodes.OK
     except Exception as exc:
         # The fire has already logged ``fire.error`` with the traceback; one line here.
-        print(f"evolve: unexpected error: {type(exc).__name__}: {str(exc)[:300]}", file=sys.stderr)
+        print(f"evolve: unexpected error: {type(exc).__name__}: {_error_text(str(exc))[:300]}", file=sys.stderr)
         if os.environ.get("EVOLVE_LOG_LEVEL", "").lower() == "debug":
             import traceback
 

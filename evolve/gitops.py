@@ -326,5 +326,11 @@ def restore_cycle(repo: Path, start: str | None, paths_before: set[str], policy:
     return touched
 
 
-def commit_message(cycle: int, target: str, result: str) -> str:
+def commit_message(cycle: int, target: str, result: str, cap: int = 72) -> str:
+    """The commit's subject; ``target`` (a work item's title) is redacted before it is capped."""
+    from evolve.redact import current  # the sink: git history is pushed and outlives every log
+
+    target = current().text(target)
+    if len(target) > cap:
+        target = target[: cap - 1] + "…"
     return f"evolve: cycle {cycle} -- {target} {result}"

@@ -12,11 +12,9 @@ import re
 import sys
 from typing import Any
 
-import orjson
 import structlog
 
-from evolve import jsonsafe
-from evolve.secrets import redact, secret_values
+from evolve import jsonsafe, redact
 
 _SECRET_KEYS = re.compile(r"(api[_-]?key|token|secret|password|authorization)", re.I)
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
@@ -25,18 +23,13 @@ _configured = False
 
 def _redact(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
     """Secrets never reach the logs: secret-named fields, env secret values and key-shaped strings."""
-    values = secret_values()
+    r = redact.current()
     for k, v in list(event.items()):
         if _SECRET_KEYS.search(k) and not k.endswith("_env"):
-            event[k] = "***"
-        elif isinstance(v, str):
-            event[k] = redact(v, values)
-        elif isinstance(v, list | dict):
-            text = orjson.dumps(v, default=str).decode()
-            clean = redact(text, values)
-            if clean != text:
-                event[k] = orjson.loads(clean)
-    return event
+            event[k] = redact.MASK
+        elif isinstance(v, str | list | dict | tuple):
+            event[k] = r.json(v)
+    return {r.text(k): v for k, v in event.items()}
 
 
 def _orjson_dumps(obj: Any, **_: Any) -> bytes:

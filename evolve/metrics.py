@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from evolve import redact
 from evolve.paths import Paths, operator_root
 from evolve.results import UNSUCCESSFUL
 from evolve.status.snapshot import load_config, read_snapshot
@@ -221,12 +222,13 @@ class Exposition:
     def __init__(self, base_labels: Mapping[str, str]) -> None:
         self.base = dict(base_labels)
         self.lines: list[str] = []
+        self.redactor = redact.current()
 
     def _labels(self, labels: Mapping[str, str]) -> str:
         merged = {**self.base, **labels}
         if not merged:
             return ""
-        return "{" + ",".join(f'{k}="{_escape(str(v))}"' for k, v in merged.items()) + "}"
+        return "{" + ",".join(f'{k}="{_escape(self.redactor.text(str(v)))}"' for k, v in merged.items()) + "}"
 
     def family(self, name: str, kind: str, help_text: str, samples: list[tuple[str, dict[str, str], float]]) -> None:
         self.lines.append(f"# HELP {name} {help_text}")

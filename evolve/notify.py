@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from evolve import redact
 from evolve.childenv import BASE, FIRE
 from evolve.childenv import child_env as allowed_env
 from evolve.paths import Paths
@@ -64,7 +65,9 @@ def run_notify(
     which goes when it ends, and tagged with the fire's id, so a fire that dies meanwhile leaves
     nothing the next one cannot find.
     """
-    data = orjson.dumps(dict(payload), default=str, option=orjson.OPT_APPEND_NEWLINE)[:MAX_STDIN]
+    # The sink: redacted before the cap, so a cut can never leave a secret's prefix behind.
+    body = redact.current().json(orjson.loads(orjson.dumps(dict(payload), default=str)))
+    data = orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE)[:MAX_STDIN]
     # The event is on stdin; a webhook URL or token variable comes only when listed in [notify] pass_env.
     child_env = allowed_env(env, (*BASE, *FIRE), pass_env)
     child_env["EVOLVE_EVENT"] = str(payload.get("event", ""))
@@ -190,7 +193,8 @@ def append_line(path: Path, obj: Mapping[str, Any]) -> None:
     After a torn last line (a fire killed mid-write) the new line starts on a line of its own, so only
     the torn one is lost, never the new one.
     """
-    data = orjson.dumps(dict(obj), default=str, option=orjson.OPT_APPEND_NEWLINE)
+    clean = redact.current().json(orjson.loads(orjson.dumps(dict(obj), default=str)))  # the sink (halt details)
+    data = orjson.dumps(clean, option=orjson.OPT_APPEND_NEWLINE)
     # No symlink followed, at the file or on the way (docs/DESIGN.md §2.0); 0o666 less the umask.
     fd = open_file(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
     try:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evolve.secrets import redact_bytes
+from evolve.redact import Redactor, current
 from evolve.store.atomic import open_artifact
 
 FIRE_TAG = "EVOLVE_FIRE_ID"  # a fire's id, in the environment of every child it starts (see tagged_groups)
@@ -43,13 +43,20 @@ class ProcessResult:
     output_tail: str
 
 
-def _write_redacted(log: Any, data: bytes, values: Sequence[str]) -> bytes:
-    """Write the complete lines of ``data`` with secrets masked; return the unfinished rest."""
+def _write_redacted(log: Any, data: bytes, redactor: Redactor) -> bytes:
+    """Write the complete lines of ``data`` with secrets masked; return the unfinished rest.
+
+    A private-key block spans lines: one begun but not yet ended waits (up to 256 KiB) for its end.
+    """
     cut = data.rfind(b"\n") + 1
+    if cut and len(data) < 1 << 18:
+        pem = redactor.unclosed_pem(data[:cut].decode("utf-8", "surrogateescape"))
+        if pem >= 0:
+            cut = len(data[:cut].decode("utf-8", "surrogateescape")[:pem].encode("utf-8", "surrogateescape"))
     if cut == 0 and len(data) < 1 << 16:
         return data
     cut = cut or len(data)
-    log.write(redact_bytes(data[:cut], values))
+    log.write(redactor.bytes(data[:cut]))
     log.flush()
     return data[cut:]
 
@@ -228,11 +235,11 @@ class _Output:
     """What a run's stdout becomes: a bounded tail, the redacted log, the caller's ``on_output``."""
 
     def __init__(
-        self, log: Any, tail_bytes: int, redact_values: Sequence[str], on_output: Callable[[bytes], None] | None
+        self, log: Any, tail_bytes: int, redactor: Redactor, on_output: Callable[[bytes], None] | None
     ) -> None:
         self.log = log
         self.tail_bytes = tail_bytes
-        self.redact_values = redact_values
+        self.redactor = redactor
         self.on_output = on_output
         self.tail = bytearray()
         self.last = time.monotonic()  # when output last arrived (the idle timeout)
@@ -252,7 +259,7 @@ class _Output:
             if len(self.tail) > self.tail_bytes:
                 del self.tail[: len(self.tail) - self.tail_bytes]
             if self.log:
-                self.pending = _write_redacted(self.log, self.pending + chunk, self.redact_values)
+                self.pending = _write_redacted(self.log, self.pending + chunk, self.redactor)
             if self.on_output:
                 self.on_output(chunk)
         return False
@@ -260,7 +267,7 @@ class _Output:
     def close(self) -> None:
         if self.log:
             if self.pending:
-                self.log.write(redact_bytes(self.pending, self.redact_values))
+                self.log.write(self.redactor.bytes(self.pending))  # the run log's one sink
             self.log.close()
 
 
@@ -319,7 +326,7 @@ def run_group(
     on_output: Callable[[bytes], None] | None = None,
     on_heartbeat: Callable[[float], None] | None = None,
     stop: threading.Event | None = None,
-    redact_values: Sequence[str] = (),
+    redactor: Redactor | None = None,
 ) -> ProcessResult:
     """Run ``argv`` (never through a shell) in its own process group and wait for it under ``limits``.
 
@@ -332,7 +339,7 @@ def run_group(
     pgid = proc.pid  # start_new_session: the child leads its own group
     if on_start:
         on_start(pgid)
-    out = _Output(log, limits.tail_bytes, redact_values, on_output)
+    out = _Output(log, limits.tail_bytes, redactor or current(), on_output)
     assert proc.stdout is not None
     try:
         timed_out, interrupted = _watch(proc, out, start, limits, stop, on_heartbeat)

@@ -19,7 +19,7 @@ UPPER = ("evolve.agent", "evolve.cycle", "evolve.commands")
 # The layers of docs/DESIGN.md §13, bottom first: a module may import its own layer or any below it.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("evolve", "evolve.paths", "evolve.timeutil", "evolve.errors", "evolve.exitcodes", "evolve.results",
-              "evolve.secrets", "evolve.crashpoint", "evolve.jsonsafe", "evolve.log", "evolve.config",
+              "evolve.redact", "evolve.crashpoint", "evolve.jsonsafe", "evolve.log", "evolve.config",
               "evolve.cronexpr", "evolve.sdnotify", "evolve.config_template", "evolve.deploy_templates",
               "evolve.childenv")),
     ("store", ("evolve.store",)),

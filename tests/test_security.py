@@ -4,58 +4,109 @@ never followed."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import orjson
 import pytest
-from support import Env, entry
+from support import Env, entry, git
 
 KEY = "sk-ant-PLANTEDsecretVALUE0123456789"
 TOKEN = "tok-PLANTED-ghost-token-42"
+PEM_BODY = "MIIEpAIBAAKCAQEAplantedPEMbodyLINE0123456789"
+# Every shape issue 13 names, planted by name (env) and by value (agent output, queue titles).
+SECRET_ENV = {
+    "ANTHROPIC_API_KEY": KEY,
+    "SERVICE_TOKEN": TOKEN,
+    "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMIplantedAWSsecretKEY0123456",
+    "AWS_ACCESS_KEY_ID": "AKIAPLANTEDAWS012345",
+    "DATABASE_URL": "postgres://app:Pl4ntedDbPassw0rd@db.internal:5432/app",
+    "OPENAI_KEY": "sk-PLANTEDopenaiKey0123456789abcdef",
+    "SLACK_WEBHOOK_URL": "https://hooks.slack.com/services/T0PLANT/B0PLANT/PlantedSlackHook0123",
+    "DISCORD_HOOK": "https://discord.com/api/webhooks/123456789012345678/PlantedDiscordHook_abc-XYZ",
+    "GH_PAT": "github_pat_PLANTEDgithubPat0123456789",
+    "SLACK_BOT": "xoxb-PLANTED-slack-bot-0123456789",
+    "SESSION_JWT": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJwbGFudGVkIn0.PlantedJwtSignature0123",
+    "DB_PASSWD": "plantedPasswdValue77",
+    "SENTRY_DSN": "plantedSentryDsnValue99",
+    "MY_PRIVATE_THING": "plantedPrivateValue55",
+    "NPM_AUTH": "plantedNpmAuthValue33",
+}
+GHP = "ghp_PLANTEDgithubTokenInATitle0123456789"
+GHO = "gho_PLANTEDoauthTokenInAnOutput01234567"
+BEARER = "PLANTEDbearerTokenValue0123"
+PEM = f"-----BEGIN RSA PRIVATE KEY-----\n{PEM_BODY}\nAAAAplantedSecondLine\n-----END RSA PRIVATE KEY-----"
+# What must never appear: the values (for URLs: their passwords and webhook secrets) and the
+# distinctive parts of the value-shaped secrets.
+NEEDLES = [v for k, v in SECRET_ENV.items() if k != "DATABASE_URL"] + [
+    "Pl4ntedDbPassw0rd", "PlantedSlackHook0123", "PlantedDiscordHook_abc-XYZ", GHP, GHO, BEARER, PEM_BODY,
+    "AAAAplantedSecondLine", "PLANTEDgithubTokenInATitle", "PLANTEDgithubtokeninatitle",
+]
+
+
+def _leak(tag: str) -> str:
+    return " ".join([tag, *SECRET_ENV.values(), GHP, GHO, f"Authorization: Bearer {BEARER}", f"Bearer {BEARER}"])
+
+
+def _hits(where: str, data: bytes | str) -> list[tuple[str, str]]:
+    text = data.decode(errors="replace") if isinstance(data, bytes) else data
+    return [(where, n) for n in NEEDLES if n in text or n.lower() in text.lower()]
 
 
 def _everything_evolve_wrote(env: Env, *outputs: str) -> list[tuple[str, str]]:
     found = []
     for p in env.repo.joinpath(".agents").rglob("*"):
-        if p.is_file():
-            text = p.read_bytes().decode(errors="replace")
-            for secret in (KEY, TOKEN):
-                if secret in text:
-                    found.append((str(p), secret))
+        found += _hits(f"name {p}", p.name)
+        if p.is_file() and p != env.paths.nextwork:  # the queue is checked on its own (see the test)
+            found += _hits(str(p), p.read_bytes())
     for i, out in enumerate(outputs):
-        for secret in (KEY, TOKEN):
-            if secret in out:
-                found.append((f"output {i}", secret))
+        found += _hits(f"output {i}", out)
     return found
 
 
-def test_planted_secrets_never_reach_logs_ledger_state_or_run_logs(env: Env, cli) -> None:
-    env.queue(entry("a", "b", "c"))
-    leak = f"key={KEY} token={TOKEN}"
+def test_planted_secrets_never_reach_any_output(env: Env, cli) -> None:
+    """Issue 13: every shape, planted by name and by value, through every sink: nothing leaks."""
+    notified = env.root / "notified.json"
+    env.write_config(context={"streak_limit": 1}, notify={"command": [
+        sys.executable, "-c", f"import sys; open({str(notified)!r}, 'ab').write(sys.stdin.buffer.read())"]})
+    env.queue(entry(f"fix the {GHP} leak", f"rotate {SECRET_ENV['SLACK_WEBHOOK_URL']}", "c", "d"))
+    operator_lines = env.paths.nextwork.read_bytes().count(b"\n")
     env.steps([
-        {"stdout": f"agent says {leak}", "write": [{"path": "x.txt", "content": "x\n"}],
-         "report": {"result": "improved", "summary": f"done {leak}", "disposition": leak}},
-        {"stdout": f"failing with {leak}", "exit": 3},
-        {"report": {"result": "failed", "error_class": "transient", "error": leak, "summary": leak}},
+        {"stdout": _leak("agent says") + "\n" + PEM, "write": [{"path": "x.txt", "content": "x\n"}],
+         "report": {"result": "improved", "summary": _leak("done"), "disposition": _leak("disp"),
+                    "percepts": [_leak("percept")], "new_work": [{"title": _leak("follow-up"),
+                                                                  "description": _leak("why")}]}},
+        {"stdout": "failing with " + _leak("out") + "\n" + PEM, "exit": 3},
+        {"report": {"result": "failed", "error_class": "transient", "error": _leak("err"), "summary": _leak("s")}},
+        {"report": {"result": "scout", "disposition": "context-too-heavy", "summary": _leak("heavy")}},
     ])
-    secret_env = {"ANTHROPIC_API_KEY": KEY, "SERVICE_TOKEN": TOKEN}
     outs = []
-    for _ in range(3):
-        r = cli("fire", "--cycles", "1", extra_env=secret_env)
+    for _ in range(4):
+        r = cli("fire", "--cycles", "1", extra_env=SECRET_ENV)
         outs += [r.stdout, r.stderr]
-    r = cli("fire", "--dry-run", extra_env=secret_env)
-    outs += [r.stdout, r.stderr]
-    r = cli("status", "--json", extra_env=secret_env)
-    outs += [r.stdout, r.stderr]
-    for args in (("history",), ("history", "--json"), ("metrics",), ("report", "-o", str(env.root / "report.html"))):
-        r = cli(*args, extra_env=secret_env)
+    commands = [("handoff", "continue", "--note", _leak("note")), ("fire", "--dry-run"), ("status",),
+                ("status", "--json"), ("doctor",), ("doctor", "--json"), ("history",), ("history", "--json"),
+                ("metrics",),
+                ("metrics", "--textfile", str(env.repo / ".agents" / "prom")),
+                ("report", "-o", str(env.repo / ".agents" / "report.html"))]
+    for args in commands:
+        r = cli(*args, extra_env=SECRET_ENV)
         outs += [r.stdout, r.stderr]
-    outs.append((env.root / "report.html").read_text())
     # The agent itself did receive its environment (it needs its credentials).
     assert env.calls()[0]["env"].get("EVOLVE_CYCLE") == "1"
-    assert len(env.ledger()) == 3
-    assert _everything_evolve_wrote(env, *outs) == []
+    assert len(env.ledger()) >= 4
+    assert list(env.paths.handoffs_dir.glob("continue-*.md")), "the hand-off artifact was written"
+    assert notified.exists() and b"handoff.written" in notified.read_bytes()
+    git_log = git(env.repo, "log", "-p", "--all")
+    assert "evolve: cycle 1" in git_log
+    assert _everything_evolve_wrote(env, *outs, git_log, notified.read_text()) == []
+    # The queue: the operator's own lines are theirs; what evolve appended (follow-ups) is clean.
+    appended = b"\n".join(env.paths.nextwork.read_bytes().splitlines()[operator_lines:])
+    assert b"follow-up" in appended and _hits("queue", appended) == []
     assert "***" in (env.paths.runs_dir / "cycle-1.log").read_text()
+    # The prompts the agent got (and would send to its model provider) carried no secret either.
+    prompts = [orjson.dumps(c).decode() for c in env.calls()]
+    assert "fix the *** leak" in prompts[0] and _hits("prompts", "".join(prompts)) == []
 
 
 def test_symlinked_ledger_is_refused_not_followed(env: Env, cli, tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from evolve.agent.report import AgentReport
 from evolve.childenv import agent_env
 from evolve.config import AgentConfig
 from evolve.procgroup import Limits, run_group
-from evolve.secrets import secret_values
+from evolve.redact import Redactor
 from evolve.store.atomic import write_new
 from evolve.store.dirfd import ensure_dir
 
@@ -159,7 +159,8 @@ class ClaudeRunner:
                     on_output=state.feed,
                     stop=stop,
                     on_heartbeat=beat,
-                    redact_values=secret_values({**self.base_env, **env}),  # all evolve holds
+                # Every secret evolve holds is masked, not only the ones the agent was given.
+                redactor=Redactor.from_env({**self.base_env, **env}),
                 )
             except OSError as exc:
                 return AgentReport("failed", error_class="fatal", error=f"cannot start {self.cfg.argv[0]!r}: {exc}")

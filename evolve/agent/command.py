@@ -19,7 +19,7 @@ from evolve.agent.report import AgentReport, loads_report, parse_report
 from evolve.childenv import agent_env
 from evolve.config import AgentConfig
 from evolve.procgroup import Limits, run_group
-from evolve.secrets import secret_values
+from evolve.redact import Redactor
 from evolve.store.atomic import write_new
 from evolve.store.dirfd import ensure_dir
 
@@ -116,7 +116,7 @@ class CommandRunner:
                 stop=stop,
                 on_heartbeat=on_heartbeat,
                 # Every secret evolve holds is masked, not only the ones the agent was given.
-                redact_values=secret_values({**self.base_env, **env}),
+                redactor=Redactor.from_env({**self.base_env, **env}),
             )
         except OSError as exc:
             return AgentReport("failed", error_class="fatal", error=f"cannot start agent {argv[0]!r}: {exc}")

@@ -36,7 +36,7 @@ from typing import Any
 
 import orjson
 
-from evolve import __version__, gitops
+from evolve import __version__, gitops, redact
 from evolve.agent.invocation import Invocation
 from evolve.agent.report import AgentReport, Usage, loads_report, parse_report
 from evolve.config import AgentConfig
@@ -283,8 +283,8 @@ class HttpRunner:
         return self.base_env.get(self.cfg.api_key_env, "") if self.cfg.api_key_env else ""
 
     def _redact(self, text: str) -> str:
-        key = self._key()
-        return text.replace(key, "[redacted]") if key else text
+        key = self._key()  # the configured key, whatever its variable is called; then everything else
+        return redact.current().text(text.replace(key, "[redacted]") if key else text)
 
     def user_message(self, inv: Invocation, note: str = "") -> Message:
         text = f"{inv.orientation.task.rstrip()}\n\n{ANSWER_FORMAT}"
@@ -390,7 +390,8 @@ class HttpRunner:
 
     def _save(self, path: Path, stored: SessionFile) -> None:
         try:
-            write_json(path, stored.as_json())
+            # The sink: the conversation lives under .agents/ and quotes whatever the model or a tool saw.
+            write_json(path, redact.current().json(stored.as_json()))
         except OSError:
             pass  # losing the history only makes the next call start fresh (rebuilt: true)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import orjson
 
+from evolve import redact
 from evolve.agent.prompt import Orientation
 from evolve.work.item import WorkItem
 
@@ -50,6 +51,7 @@ class Invocation:
             "report_file": str(self.report_file),
             "session_id": self.session_id,
             "mode": self.mode,
-            "work_json": orjson.dumps(self.work.as_json()).decode(),
+            # A sink: argv is world-readable in /proc and the env is the agent's to pass on.
+            "work_json": orjson.dumps(redact.current().json(self.work.as_json())).decode(),
             "cycle": str(self.cycle),
         }

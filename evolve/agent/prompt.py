@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from evolve import redact
 from evolve.timeutil import parse_iso
 from evolve.work.item import WorkItem, clean_text
 
@@ -138,9 +139,12 @@ def build(
     events: str = "",
     now: float | None = None,
 ) -> Orientation:
+    # The sink towards the agent and its model provider: a harvested title, a description, a percept
+    # or a learnings file may quote a secret; the agent gets its credentials from its env, not here.
+    r = redact.current()
     return Orientation(
-        static=static_block(facts),
-        dynamic=dynamic_block(
+        static=r.text(static_block(facts)),
+        dynamic=r.text(dynamic_block(
             cycle=cycle,
             mode=mode,
             work=work,
@@ -148,6 +152,6 @@ def build(
             restorative=restorative,
             events=events,
             now=now,
-        ),
+        )),
     )
 

@@ -26,16 +26,20 @@ def run(args: argparse.Namespace) -> int:
         repo = (args.repo if args.repo is not None else Path.cwd()).resolve()
         if not repo.is_dir():
             raise
+    from evolve.redact import current
+
     findings = diagnose(repo, os.environ)
+    r = current()  # the sink: a finding may quote the config (a notify URL) or the environment
     if args.json:
         import orjson
 
-        sys.stdout.buffer.write(orjson.dumps([f.as_json() for f in findings], option=orjson.OPT_INDENT_2) + b"\n")
+        body = r.json([f.as_json() for f in findings])
+        sys.stdout.buffer.write(orjson.dumps(body, option=orjson.OPT_INDENT_2) + b"\n")
     else:
         from evolve.status import term_safe
 
         for f in findings:
-            print(term_safe(f.line()))
+            print(term_safe(r.text(f.line())))
         fails = sum(f.level == "FAIL" for f in findings)
         warns = sum(f.level == "WARN" for f in findings)
         print(f"\n{fails} FAIL, {warns} WARN, {len(findings) - fails - warns} OK")

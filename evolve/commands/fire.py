@@ -43,7 +43,9 @@ def run(args: argparse.Namespace) -> int:
         import orjson
 
         from evolve import jsonsafe
+        from evolve.redact import current
 
-        sys.stdout.buffer.write(jsonsafe.dumps(outcome.entries[0], option=orjson.OPT_INDENT_2) + b"\n")
+        # The sink: the agent's argv, env and prompt, exactly as they would run, minus any secret.
+        sys.stdout.buffer.write(jsonsafe.dumps(current().json(outcome.entries[0]), option=orjson.OPT_INDENT_2) + b"\n")
         sys.stdout.flush()
     return outcome.exit_code

@@ -32,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_status(args: argparse.Namespace) -> int:
     from evolve.paths import Paths
+    from evolve.redact import current
     from evolve.status import render_status, status
 
     paths = Paths.for_repo(repo_of(args))
@@ -41,15 +42,17 @@ def run_status(args: argparse.Namespace) -> int:
 
         from evolve import jsonsafe
 
-        sys.stdout.buffer.write(jsonsafe.dumps(info, option=orjson.OPT_INDENT_2) + b"\n")
+        sys.stdout.buffer.write(jsonsafe.dumps(current().json(info), option=orjson.OPT_INDENT_2) + b"\n")
     else:
-        sys.stdout.write(render_status(info))
+        sys.stdout.write(current().text(render_status(info)))
     sys.stdout.flush()
     return int(info["exit_code"])
 
 
 def run_history(args: argparse.Namespace) -> int:
     import time
+
+    import orjson
 
     from evolve import exitcodes
     from evolve.paths import Paths
@@ -67,10 +70,15 @@ def run_history(args: argparse.Namespace) -> int:
     results = [r.strip() for arg in args.result for r in arg.split(",") if r.strip()]
     paths = Paths.for_repo(repo_of(args))
     rows, malformed = history(Ledger(paths.ledger), limit=args.limit, since=since, results=results)
+    from evolve.redact import current
+
+    r = current()
     if args.json:
-        for raw, _ in rows:
-            sys.stdout.buffer.write(raw + b"\n")
+        for raw, entry in rows:
+            # Lines as they are, unless one holds a secret (written before redaction, or by hand).
+            clean = r.json(entry)
+            sys.stdout.buffer.write((raw if clean == entry else orjson.dumps(clean)) + b"\n")
     else:
-        sys.stdout.write(render_history([e for _, e in rows], malformed))
+        sys.stdout.write(r.text(render_history([e for _, e in rows], malformed)))
     sys.stdout.flush()
     return exitcodes.OK

@@ -6,7 +6,6 @@ from typing import Any
 
 from evolve.agent.report import AgentReport
 from evolve.cycle.budget import ContextReading
-from evolve.secrets import redact, secret_values
 
 
 def base_entry(
@@ -35,6 +34,7 @@ def base_entry(
 
 
 def agent_fields(report: AgentReport, reading: ContextReading | None) -> dict[str, Any]:
+    """Texts come scrubbed (``fire.scrub``, before these caps) and the ledger redacts at its sink."""
     out: dict[str, Any] = {
         "duration_s": report.duration_s,
         "num_turns": report.num_turns,
@@ -42,11 +42,10 @@ def agent_fields(report: AgentReport, reading: ContextReading | None) -> dict[st
         "usage": report.usage.as_json(),
         "agent_result": report.result,
     }
-    secrets = secret_values()
     if report.disposition:
-        out["disposition"] = redact(report.disposition, secrets)
+        out["disposition"] = report.disposition
     if report.summary:
-        out["summary"] = redact(report.summary[:500], secrets)
+        out["summary"] = report.summary[:500]
     if reading is not None:
         out["context_pct"] = reading.pct
         out["context_heavy"] = reading.heavy
@@ -55,6 +54,6 @@ def agent_fields(report: AgentReport, reading: ContextReading | None) -> dict[st
         out["report_warnings"] = report.warnings  # field names and counts only: nothing to redact
     if report.error_class:
         out["error_class"] = report.error_class
-        out["error"] = redact(report.error[:300], secrets)
+        out["error"] = report.error[:300]
     return out
 

@@ -20,9 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import orjson
-
-from evolve import crashpoint, exitcodes, gitops
+from evolve import crashpoint, exitcodes, gitops, redact
 from evolve import log as logmod
 from evolve.agent import prompt, retry
 from evolve.agent import session as sessions
@@ -44,7 +42,6 @@ from evolve.harness import plan as plans
 from evolve.paths import Paths
 from evolve.procgroup import FIRE_TAG, kill_group, stop_signals, tagged_groups
 from evolve.results import CycleResult
-from evolve.secrets import redact, secret_values
 from evolve.store import session_state
 from evolve.store.atomic import atomic_write_bytes, write_json
 from evolve.store.dirfd import ensure_dir
@@ -60,15 +57,16 @@ MAX_SCOUTS_PER_CYCLE = 3
 
 
 def scrub(report: AgentReport) -> AgentReport:
-    """The agent's own texts lose any secret before they reach the ledger, state or the next prompt."""
-    values = secret_values()
+    """The agent's own texts lose any secret as they arrive, before anything truncates them (a cut
+    secret's prefix would no longer match) or they reach the next prompt; every sink redacts again."""
+    r = redact.current()
     return replace(
         report,
-        summary=redact(report.summary, values),
-        disposition=redact(report.disposition, values),
-        error=redact(report.error, values),
-        percepts=[redact(p, values) for p in report.percepts],
-        new_work=[orjson.loads(redact(orjson.dumps(w).decode(), values)) for w in report.new_work],
+        summary=r.text(report.summary),
+        disposition=r.text(report.disposition),
+        error=r.text(report.error),
+        percepts=[r.text(p) for p in report.percepts],
+        new_work=r.json(report.new_work),
     )
 
 
@@ -113,6 +111,8 @@ class Fire:
         self.fire_id = uuid.uuid4().hex[:12]
         # Every child carries the fire's id: if this fire dies, the next one finds and stops them all.
         self.env[FIRE_TAG] = self.fire_id
+        # Every sink of this process masks the secrets of the fire's environment from now on.
+        redact.activate(self.env)
         self.log = logmod.get("evolve.fire")
         # A daemon passes its own stop event: its main thread owns the signals, the fire runs in a job thread.
         self.stop = stop or threading.Event()
@@ -334,9 +334,9 @@ class Fire:
                 return
 
     def _write_cycle_state(self, cycle: int, item: WorkItem, phase: str, start_sha: str | None) -> None:
-        write_json(
+        write_json(  # the sink: a harvested title may carry a secret
             self.paths.cycle_state,
-            {
+            redact.current().json({
                 "cycle": cycle,
                 "phase": phase,
                 "step": phase,
@@ -345,7 +345,7 @@ class Fire:
                 **harness_hooks.plan_fields(self.paths.repo, item.data),
                 "cycle_start_sha": start_sha,
                 "written_at": utc_iso(self.clock()),
-            },
+            }),
         )
 
     def _work_cycle(
@@ -663,7 +663,7 @@ class Fire:
         now = utc_iso(self.clock())
         streak = st.context_streak
         parked = list(st.parked_work)
-        atomic_write_bytes(self.paths.handoff, handoff_text(now, streak, parked).encode())
+        atomic_write_bytes(self.paths.handoff, redact.current().text(handoff_text(now, streak, parked)).encode())
         entry = self.ctx.entry(cycle, CycleResult.CONTEXT_HANDOFF, item, item.source, "context-handoff", now)
         entry["milestone"] = milestone(streak, parked)
         entry["parked_work"] = parked

@@ -138,7 +138,7 @@ class Gate:
         to_commit = [p for p in (gitops.dirty_paths(repo) - dirty_before) if not gitops.is_internal(p)]
         if not (self.cfg.git.commit and to_commit):
             return
-        message = gitops.commit_message(cycle, clean_text(item.title, 72), result)
+        message = gitops.commit_message(cycle, clean_text(item.title, 4000), result)
         try:
             sha = gitops.commit_paths(repo, to_commit, message, self.git_policy)
         except gitops.GitError as exc:

@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 
+from evolve import redact
 from evolve.agent.session import note_event
 from evolve.cycle.context import FireContext
 from evolve.cycle.entry import base_entry
@@ -95,7 +96,7 @@ def blocked(ctx: FireContext, cycle: int, now: float, reason: str, needed: str |
     if needed:
         row["needed_context"] = needed
     try:
-        append_bytes(ctx.paths.blocked, orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE))
+        append_bytes(ctx.paths.blocked, orjson.dumps(redact.current().json(row), option=orjson.OPT_APPEND_NEWLINE))
     except OSError as exc:  # e.g. a symlink planted in its place: refused, and the fire goes on
         ctx.log.error("blocked.error", cycle=cycle, path=str(ctx.paths.blocked), error=str(exc)[:300])
         return

@@ -28,9 +28,9 @@ from typing import Any
 
 import orjson
 
-from evolve import gitops
+from evolve import gitops, redact
 from evolve.paths import Paths
-from evolve.secrets import redact, secret_values
+from evolve.redact import Redactor, env_literals
 from evolve.store.atomic import atomic_write_bytes
 from evolve.store.dirfd import ensure_dir, open_dir, opened_dir
 from evolve.timeutil import utc_iso, utc_stamp
@@ -43,47 +43,20 @@ DELETE_AFTER_DAYS = 90
 TEXT_CAP = 8000  # what the next cycle's orientation carries at most
 PURPOSE_CAP = 500
 NOTE_CAP = 2000
-MASK = "***"
 
-# Beyond evolve.secrets (secret-named env values, well-known key shapes): headers, private keys,
-# key=value assignments, JWTs and a few more token formats. Over-masking is the safe failure.
-_EXTRA = [
-    (
-        re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)", re.S),
-        "[REDACTED PRIVATE KEY]",
-    ),
-    (re.compile(r"(?i)\b((?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?)(?:(?:bearer|basic|token|digest|negotiate)\s+)?"
-                r"[^\s\"',;]+"), r"\1" + MASK),
-    (re.compile(r"(?i)\b((?:x-api-key|x-auth-token)[\"']?\s*[:=]\s*[\"']?)[^\s\"',;]+"), r"\1" + MASK),
-    (re.compile(r"(?i)\b((?:set-)?cookie[\"']?\s*[:=]\s*)[^\r\n\"']+"), r"\1" + MASK),
-    (
-        re.compile(
-            r"(?i)\b([A-Za-z0-9_.\-]*(?:api[_\-]?key|access[_\-]?key|secret|password|passwd|token|credentials?)"
-            r"[\"']?\s*[:=]\s*[\"']?)([^\s\"',;}]{4,})"
-        ),
-        r"\1" + MASK,
-    ),
-    (re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"), MASK),
-    (
-        re.compile(
-            r"\b(?:sk-ant-[A-Za-z0-9_\-]{8,}|gh[ousr]_[A-Za-z0-9]{16,}|glpat-[A-Za-z0-9_\-]{16,}"
-            r"|npm_[A-Za-z0-9]{20,}|AIza[0-9A-Za-z_\-]{30,}|ASIA[0-9A-Z]{16})"
-        ),
-        MASK,
-    ),
-    (re.compile(r"(?i)\b(https?://[^\s:/@]+:)[^\s@/]+@"), r"\1" + MASK + "@"),
-]
+
+def redactor(env: Mapping[str, str] | None = None) -> Redactor:
+    """The process's redactor, plus the secrets of ``env`` when the caller has an env of its own."""
+    return redact.current() if env is None else Redactor(redact.current().literals + tuple(env_literals(env)))
 
 
 def redact_text(text: str, env: Mapping[str, str] | None = None) -> str:
-    out = redact(text, secret_values(env))
-    for pattern, repl in _EXTRA:
-        out = pattern.sub(repl, out)
-    return out
+    return redactor(env).text(text)
 
 
-def slug(text: str, cap: int = 40) -> str:
-    s = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+def slug(text: str, cap: int = 40, env: Mapping[str, str] | None = None) -> str:
+    """A file-name slug, redacted before it is lowercased and cut (either would hide a secret's shape)."""
+    s = re.sub(r"[^a-z0-9]+", "-", redactor(env).filename(text).lower()).strip("-")
     return s[:cap].strip("-") or "task"
 
 
@@ -310,10 +283,10 @@ def request(
 
             raise UsageError("a fork needs a one-line --purpose")
         text = fork_artifact(ctx, purpose, note, now)
-        name = f"fork-{slug(purpose)}-{utc_stamp(now)}.md"
+        name = f"fork-{slug(purpose, env=env)}-{utc_stamp(now)}.md"
     else:
         text = continue_artifact(ctx, note, now)
-        name = f"continue-{utc_stamp(now)}-{slug(ctx.task_title or ctx.task_ref)}.md"
+        name = f"continue-{utc_stamp(now)}-{slug(ctx.task_title or ctx.task_ref, env=env)}.md"
     folder = ensure_dir(paths.handoffs_dir)  # a linked handoffs/ is refused (docs/DESIGN.md §2.0)
     target = folder / name
     n = 1
@@ -326,10 +299,11 @@ def request(
     body = {
         "mode": mode,
         "artifact": target.name,
-        "purpose": redact_text(purpose, env),
+        "purpose": purpose,
         "requested_at": req.requested_at,
         "parent_session_id": ctx.session_id,
     }
+    body = redactor(env).json(body)  # the request's sink
     atomic_write_bytes(pending_path(paths), orjson.dumps(body, option=orjson.OPT_INDENT_2) + b"\n", mode=0o600)
     if previous is not None:
         notes.append(f"replaced the pending {previous.mode} request ({previous.artifact.name})")

@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from evolve import redact
 from evolve.report.data import Cycle, FireSpan, ReportData
 
 COLORS = {
@@ -35,27 +36,13 @@ LEFT = 70
 RIGHT = 20
 
 
-def _secrets() -> list[str]:
-    try:
-        from evolve.secrets import secret_values
-
-        return secret_values()
-    except ImportError:  # pragma: no cover
-        return []
-
-
-_SECRET_VALUES: list[str] = []
-
-
 def t(value: Any) -> str:
-    """Escaped, secret-free text for element content and attribute values."""
-    text = "" if value is None else str(value)
-    try:
-        from evolve.secrets import redact
+    """Escaped, secret-free text for element content and attribute values.
 
-        text = redact(text, _SECRET_VALUES)
-    except ImportError:  # pragma: no cover
-        pass
+    Redacted before escaping: an escaped secret (``&amp;`` in a URL) would no longer match.
+    """
+    text = "" if value is None else str(value)
+    text = redact.current().text(text)
     return html.escape(text, quote=True)
 
 
@@ -385,8 +372,6 @@ footer{margin-top:30px;color:#8a93a3;font-size:12px}
 
 
 def render_html(d: ReportData) -> str:
-    global _SECRET_VALUES
-    _SECRET_VALUES = _secrets()
     st = d.status
     counts = d.counts()
     window = f"{_utc(d.since)} – {_utc(d.now)} UTC"

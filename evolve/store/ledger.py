@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from evolve import crashpoint, jsonsafe
+from evolve import crashpoint, jsonsafe, redact
 from evolve.errors import LedgerError
 from evolve.store.atomic import save_aside
 from evolve.store.dirfd import open_file
@@ -187,7 +187,9 @@ class Ledger:
         last = self.last_cycle()
         if cycle <= last:
             raise LedgerError(f"cycle {cycle} is not after the ledger's last cycle {last}")
-        line = jsonsafe.dumps(entry, option=orjson.OPT_APPEND_NEWLINE)
+        # The sink: agent reports and item titles reach entries; no secret reaches the file. (The
+        # caller keeps its own object; every other sink it goes to redacts for itself.)
+        line = jsonsafe.dumps(redact.current().json(entry), option=orjson.OPT_APPEND_NEWLINE)
         # No symlink planted in .agents/ (the file or a directory on the way) may redirect the
         # ledger anywhere else; 0o666 less the umask, so systemd's UMask= holds.
         fd = open_file(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)

@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from evolve import redact
 from evolve.store.atomic import move_aside, save_aside, write_json
 from evolve.store.ledger import Ledger, entry_cycle
 from evolve.store.records import RECORDS, AgentSession, ClaimedWork, FireRecord, PostCompact, Record
@@ -193,7 +194,7 @@ def save(path: Path, state: SessionState) -> None:
     if isinstance(on_disk, dict):
         # Unknown keys belong to other tools: the file's current values win over our copy.
         state.extra = {k: v for k, v in on_disk.items() if k not in _TYPES}
-    write_json(path, state.to_dict())
+    write_json(path, redact.current().json(state.to_dict()))  # the sink: summaries, titles, percepts
 
 
 def load_readonly(path: Path, ledger: Ledger) -> SessionState:

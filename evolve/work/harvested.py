@@ -50,7 +50,7 @@ from typing import Any
 
 import orjson
 
-from evolve import crashpoint
+from evolve import crashpoint, redact
 from evolve.store.atomic import adopt, create_temp, existing
 from evolve.store.dirfd import open_dir
 from evolve.store.jsonl import (
@@ -106,6 +106,14 @@ def item_ref(entry: dict[str, Any], item: dict[str, Any]) -> str:
         return f"dedup={key}"
     epic = entry.get("source_epic") if entry is not item else item.get("source_epic")
     return f"source_epic={epic or ''}:item={item.get('title', '')}"
+
+
+def same_ref(on_disk: str, ref: str) -> bool:
+    """Whether a ref read from the queue is ``ref``, or is ``ref`` once redacted: session-state and
+    the ledger hold refs redacted (a title may carry a secret), the operator's queue keeps its own."""
+    if on_disk == ref:
+        return True
+    return redact.MASK in ref and redact.current().text(on_disk) == ref
 
 
 def claimed_at(item: dict[str, Any]) -> float:
@@ -258,7 +266,7 @@ class _Edit:
             entry = self._entry(li)
             if entry is not None and isinstance(ii, int):
                 items = entry_items(entry)
-                if 0 <= ii < len(items) and item_ref(entry, items[ii]) == ref and want(entry, items[ii]):
+                if 0 <= ii < len(items) and same_ref(item_ref(entry, items[ii]), ref) and want(entry, items[ii]):
                     return li, entry, items[ii]
         li = 0
         with gc_paused():
@@ -267,7 +275,7 @@ class _Edit:
                     entry = self._entry(li, raw)
                     if entry is not None:
                         for it in entry_items(entry):
-                            if item_ref(entry, it) == ref and want(entry, it):
+                            if same_ref(item_ref(entry, it), ref) and want(entry, it):
                                 return li, entry, it
                     li += 1
         return None
@@ -611,7 +619,11 @@ class HarvestedQueue:
     ) -> bool:
         """The one shape of every lifecycle write: find ``item`` where ``want`` accepts it, set ``fields``
         on it (``then`` may change its entry too), and rewrite that line. Not found: nothing is written,
-        or ClaimLost when ``required`` (a claim). True when a line was rewritten."""
+        or ClaimLost when ``required`` (a claim). True when a line was rewritten.
+
+        The sink of rewrites: what evolve writes (reasons, notes, split titles) is redacted. The
+        operator's own lines are left as they are: a title is its item's ref (see :func:`same_ref`)."""
+        fields = redact.current().json(fields)
 
         def mutate(edit: _Edit) -> bool:
             found = edit.find(item, want)
@@ -783,7 +795,8 @@ class HarvestedQueue:
                 time.sleep(0.01)
 
     def append_entry(self, entry: dict[str, Any]) -> None:
-        append_bytes(self.path, orjson.dumps(entry, option=orjson.OPT_APPEND_NEWLINE))
+        """The sink of appends (follow-ups, scout splits, generators): their titles reach prompts."""
+        append_bytes(self.path, orjson.dumps(redact.current().json(entry), option=orjson.OPT_APPEND_NEWLINE))
 
 
 def _open(entry: dict[str, Any], item: dict[str, Any]) -> bool:
