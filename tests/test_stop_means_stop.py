@@ -188,3 +188,33 @@ def test_a_forward_clock_step_does_not_void_an_evolve_kill(env: Env, cli) -> Non
     env.paths.kill.write_text("by hand\n")
     st = subprocess.run([*ahead, "status", "--json"], capture_output=True, env=env.env(), timeout=120)
     assert st.returncode == 0 and orjson.loads(st.stdout)["markers"]["KILL"]["stale"] is True
+
+
+def test_a_kill_ends_a_rate_limit_wait_and_no_retry_starts(env: Env, fire_inproc, monkeypatch) -> None:
+    """A usage limit waits (60 s by default, up to the fire's budget): a KILL cuts the wait short."""
+    import threading
+
+    from evolve.agent.report import AgentReport
+
+    env.queue(entry("a"))
+    runs: list[str] = []
+
+    class LimitedThenKilled:
+        name = "fake"
+
+        def run(self, inv: Any, **_: Any) -> AgentReport:
+            runs.append(inv.work.title)
+            env.paths.kill.write_text("by hand\nstop during the wait\n")
+            return AgentReport("failed", error_class="limit", error="usage limit reached")
+
+    monkeypatch.setattr(Fire, "_runner", lambda self: LimitedThenKilled())
+    got: list[Any] = []
+    t = threading.Thread(target=lambda: got.append(fire_inproc(cycles=1)), daemon=True)
+    t.start()
+    t.join(timeout=120)  # the limit wait alone is 60 s; the KILL is seen within about a second
+    assert got, "the fire was still waiting for the rate limit to reset"
+    outcome = got[0]
+    assert runs == ["a"], "no retry started once KILL existed"
+    assert outcome.reason == "halt:kill" and outcome.exit_code == 0, "no agent was running: exit 0"
+    (e,) = env.ledger()
+    assert e["result"] == "interrupted" and "retry wait ended" in e["error"]
