@@ -81,7 +81,7 @@ TEMPLATE = """\
 # sign = false               # true: evolve's commits are signed (gpg gets GNUPGHOME, GPG_TTY, SSH_AUTH_SOCK)
 
 [halt]
-# kill_ttl_days = 7          # KILL/STOP older than this are ignored (with a warning), never deleted
+# kill_ttl_days = 7          # hand-written KILL/STOP older than this are ignored (evolve stop/kill: no TTL)
 # governor_cmd = []          # argv; exit 3 halts with governor_budget_burned (EVOLVE_GOVERNOR_CMD)
 # timeout_s = 30             # governor timeout (EVOLVE_HALT_TIMEOUT)
 # pass_env = []              # extra env names for the governor (e.g. the key it reads spend with)

@@ -16,7 +16,8 @@ import pytest
 
 from evolve.cycle import halt
 from evolve.cycle.halt import HaltSnapshot, Step1, evaluate, goal_drop, is_red
-from evolve.store.markers import Marker, read_marker
+from evolve.store.markers import Marker, marker_text, read_marker
+from evolve.timeutil import utc_iso
 
 NOW = 1_800_000_000.0
 TTL = 7 * 86400.0
@@ -460,3 +461,70 @@ def test_restorative_looks_only_at_the_last_entry() -> None:
     assert not d.restorative
     assert is_red(None) is False
     assert not evaluate(snapshot(ledger_tail=[])).restorative
+
+
+# -- who wrote a KILL/STOP, its expiry, and clock steps (docs/DESIGN.md §2.2) -----------------
+
+
+def test_marker_text_keeps_the_upstream_lines_and_parses_back(tmp_path: Path) -> None:
+    p = tmp_path / "KILL"
+    p.write_text(marker_text(NOW - 60, "deploy\nfreeze", "evolve kill", expires=NOW + 3600))
+    lines = p.read_text().splitlines()
+    assert lines[0] == "2027-01-15T07:59:00Z" and lines[1] == "deploy freeze", "line 1 time, line 2 reason"
+    m = read_marker(p, NOW)
+    assert m.author == "evolve kill" and m.expires_in_s == 3600 and m.written_age_s == 60
+
+
+def test_a_marker_evolve_wrote_never_goes_stale() -> None:
+    """`evolve stop`/`kill` means stop: however old its mtime and time line, it halts until resumed."""
+    old = Marker(PATHS["local_kill"], True, 400 * 86400.0, "x\nfreeze\nwritten-by: evolve kill\n",
+                 written_age_s=400 * 86400.0, author="evolve kill")
+    d = evaluate(snapshot(local_kill=old))
+    assert d.halt == "kill" and not d.warnings
+    stop = replace(old, path=PATHS["stop"], author="evolve stop")
+    assert evaluate(snapshot(stop=stop)).halt == "user_halt"
+
+
+def test_expiry_recorded_by_the_operator_is_the_only_end() -> None:
+    m = Marker(PATHS["stop"], True, 10.0, "x\nlunch\nwritten-by: evolve stop\nexpires: y\n",
+               written_age_s=10.0, author="evolve stop", expires_in_s=5.0)
+    assert evaluate(snapshot(stop=m)).halt == "user_halt"
+    gone = replace(m, expires_in_s=-1.0)
+    d = evaluate(snapshot(stop=gone))
+    assert d.halt is None and any("expired STOP" in w for w in d.warnings)
+    assert halt.sticky_state(gone, TTL) == "expired"
+    # An expiry that does not parse is no expiry: a halt fails closed.
+    assert evaluate(snapshot(stop=replace(m, expires_in_s=None, bad_expiry=True))).halt == "user_halt"
+
+
+@pytest.mark.parametrize(
+    ("mtime_age", "written_age", "state"),
+    [
+        (TTL + 1, None, "stale"),  # no time line: the mtime alone, as before
+        (TTL + 1, TTL + 1, "stale"),  # both old
+        (TTL + 1, 60.0, "live"),  # restored or copied with an old mtime: its own time says fresh
+        (60.0, TTL + 1, "live"),  # rewritten just now with an old first line
+        (TTL - 1, None, "live"),
+    ],
+)
+def test_ttl_needs_both_the_mtime_and_the_time_line_to_be_old(
+    mtime_age: float, written_age: float | None, state: str
+) -> None:
+    m = Marker(PATHS["local_kill"], True, mtime_age, "by hand\n", written_age_s=written_age)
+    assert halt.sticky_state(m, TTL) == state
+    assert (evaluate(snapshot(local_kill=m)).halt == "kill") is (state == "live")
+
+
+def test_a_forward_clock_step_does_not_void_a_kill_evolve_wrote(tmp_path: Path) -> None:
+    """Read with explicit ``now`` values: written at NOW, read after the clock jumped 30 days ahead."""
+    p = tmp_path / "KILL"
+    p.write_text(marker_text(NOW, "operator kill", "evolve kill"))
+    os.utime(p, (NOW, NOW))
+    stepped = NOW + 30 * 86400
+    d = evaluate(snapshot(local_kill=read_marker(p, stepped)))
+    assert d.halt == "kill" and not d.warnings
+    # The same file without evolve's record is one an operator or a tool wrote: the TTL applies.
+    p.write_text(f"{utc_iso(NOW)}\noperator kill\n")
+    os.utime(p, (NOW, NOW))
+    assert evaluate(snapshot(local_kill=read_marker(p, stepped))).halt is None
+    assert evaluate(snapshot(local_kill=read_marker(p, NOW + 60))).halt == "kill"

@@ -110,7 +110,9 @@ def test_status_markers_sticky_ttl_and_halted_exit_75(env: Env, cli) -> None:
     assert "TTL left 6d23h" in text or "TTL left 7d0h" in text
 
     # A STOP older than the TTL is ignored (and said so), not a halt.
+    # (Both its mtime and its own first-line timestamp must be that old: docs/DESIGN.md §2.2.)
     old = time.time() - 8 * 86400
+    p.stop.write_text(f"{utc_iso(old)}\nlunch\n")
     os.utime(p.stop, (old, old))
     code, info = status_json(cli)
     assert code == 0 and info["markers"]["STOP"]["stale"] is True

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from evolve.cycle.halt import sticky_state
 from evolve.store import atomic
 from evolve.store.atomic import atomic_write_bytes, move_aside, save_aside, write_json
 from evolve.store.lock import FireLock, is_locked_by_other
-from evolve.store.markers import MAX_MARKER_BYTES, read_marker, remove_marker
+from evolve.store.markers import MAX_MARKER_BYTES, Marker, read_marker, remove_marker
 
 
 def names(directory: Path) -> list[str]:
@@ -171,10 +172,15 @@ def test_save_aside_never_overwrites(tmp_path: Path, monkeypatch: pytest.MonkeyP
 NOW = 1_800_000_000.0  # integral, so mtimes set with os.utime compare exactly
 
 
+def live(m: Marker, ttl_s: float) -> bool:
+    """The halt gate's reading of a KILL/STOP marker (docs/DESIGN.md §2.2)."""
+    return sticky_state(m, ttl_s) == "live"
+
+
 def test_read_marker_absent(tmp_path: Path) -> None:
     m = read_marker(tmp_path / "KILL", NOW)
     assert not m.present and m.content == "" and m.age_s == 0.0
-    assert not m.fresh(10**9)
+    assert not live(m, 10**9)
     assert not read_marker(tmp_path / "not-a-dir" / "KILL", NOW).present
 
 
@@ -228,7 +234,7 @@ def test_marker_fresh_compares_seconds(tmp_path: Path, age: int, fresh: bool) ->
     os.utime(p, (NOW - age, NOW - age))
     m = read_marker(p, NOW)
     assert m.age_s == age
-    assert m.fresh(ttl) is fresh
+    assert live(m, ttl) is fresh
 
 
 def test_marker_fresh_small_ttl(tmp_path: Path) -> None:
@@ -236,9 +242,9 @@ def test_marker_fresh_small_ttl(tmp_path: Path) -> None:
     p = tmp_path / "STOP"
     p.write_bytes(b"x")
     os.utime(p, (NOW - 11, NOW - 11))
-    assert not read_marker(p, NOW).fresh(10)
+    assert not live(read_marker(p, NOW), 10)
     os.utime(p, (NOW - 10, NOW - 10))
-    assert read_marker(p, NOW).fresh(10)
+    assert live(read_marker(p, NOW), 10)
 
 
 def test_remove_marker(tmp_path: Path) -> None:

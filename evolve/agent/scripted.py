@@ -8,8 +8,11 @@ in ``<script>.calls.jsonl`` so tests can assert what it received.
 A step (all keys optional)::
 
     {"write": [{"path": "src/x.py", "content": "...", "append": false}],
-     "commit": false, "sleep": 0, "hang": false, "spawn_sleeper": 0,
+     "commit": false, "sleep": 0, "hang": false, "spawn_sleeper": 0, "wait_for": "path",
      "stdout": "text", "exit": 0, "report": {...}, "raw_report": "not json"}
+
+``wait_for`` polls until that path (relative to the repo) exists, for at most 600 s: a test can then
+act while the agent is certainly running, however loaded the machine.
 
 With no script it appends a line about the work item to ``EVOLVE_LOG.md`` and reports improved.
 """
@@ -95,6 +98,10 @@ def play(step: dict[str, Any]) -> int:
     if n := step.get("spawn_sleeper"):
         # A child that outlives us unless someone kills our process group.
         subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({float(n)})"])
+    if step.get("wait_for"):
+        deadline = time.monotonic() + 600
+        while not Path(step["wait_for"]).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
     if step.get("sleep"):
         time.sleep(float(step["sleep"]))
     if step.get("hang"):

@@ -54,6 +54,8 @@ from evolve.work import ladder
 from evolve.work.item import ClaimLost, SourceError, WorkItem, WorkSource
 
 MAX_SCOUTS_PER_CYCLE = 3
+MARKER_POLL_S = 1.0  # while an agent runs, how often the fire looks for a KILL (docs/DESIGN.md §4.4)
+STOP_POLL_S = 0.1  # how soon an agent run sees the fire's own stop event (a signal, the daemon's shutdown)
 
 
 def scrub(report: AgentReport) -> AgentReport:
@@ -126,6 +128,10 @@ class Fire:
         )
         self.started = clock()
         self._plan: plans.AgentPlan | None = None  # this cycle's agent plan (session, hand-off, prompt)
+        # A KILL or STOP found after Step 1 (§4.4): the Step-1 reason, and whether a running agent was
+        # interrupted for it (exit 143) or the fire just started nothing new (exit 0).
+        self.halted: str | None = None
+        self.halted_agent = False
 
     @property
     def state(self) -> session_state.SessionState:
@@ -258,6 +264,8 @@ class Fire:
         max_cycles = self.opts.cycles if self.opts.cycles is not None else self.cfg.fire.max_cycles
         if self.stop.is_set():
             return "interrupted"
+        if self.halted or self._operator_halt("between_cycles"):
+            return f"halt:{self.halted}"
         if max_cycles and outcome.cycles >= max_cycles:
             return "max_cycles"
         if self.cfg.fire.max_minutes and self.clock() - started >= self.cfg.fire.max_minutes * 60:
@@ -265,6 +273,60 @@ class Fire:
         if self.cfg.fire.max_cost_usd and outcome.cost_usd >= self.cfg.fire.max_cost_usd:
             return "max_cost_usd"
         return None
+
+    def _operator_halt(self, phase: str) -> str | None:
+        """A KILL or STOP written since Step 1 (§4.4): its Step-1 reason, noted once; None without one."""
+        d = step1_shell.operator_halt(self.ctx, self.clock())
+        if d.halt is not None:
+            self._note_halt(d, phase)
+        return d.halt
+
+    def _note_halt(self, d: halt.Step1, phase: str) -> None:
+        """Remember the halt, and log and notify it as a ``halt`` the first time only."""
+        if self.halted is None:
+            self.halted = d.halt
+            self.log.info("halt", reason=d.halt, detail=d.detail, phase=phase)
+            self.ctx.emit("halt", reason=d.halt, detail=d.detail, phase=phase)
+
+    @contextlib.contextmanager
+    def _agent_stop(self):
+        """The stop event one agent run (and its retry waits) polls.
+
+        It is set when the fire's own stop is (a signal, or the daemon's shutdown) and when a KILL
+        appears (§4.4). A separate event, because under the daemon ``self.stop`` is shared by every
+        repository's fire and a KILL here must stop this one only; and no signal is needed from
+        ``evolve kill``, so no pid (the daemon's own, or a reused one) is ever at risk.
+        """
+        run_stop, done = threading.Event(), threading.Event()
+
+        def watch() -> None:
+            next_look = 0.0
+            while not done.is_set():
+                if self.stop.is_set():
+                    run_stop.set()
+                    return
+                if time.monotonic() >= next_look:
+                    next_look = time.monotonic() + MARKER_POLL_S
+                    try:
+                        d = step1_shell.operator_halt(self.ctx, self.clock())
+                    except Exception as exc:  # never let the watch die silently: say so and keep looking
+                        self.log.warning("halt.watch_error", error=str(exc)[:200])
+                        d = halt.Step1()
+                    # Only KILL interrupts a running agent; a STOP lets the cycle finish and is found
+                    # again before the next one. The stop is set first: a notify command may be slow.
+                    if d.halt == halt.KILL:
+                        run_stop.set()
+                        self._note_halt(d, "agent_running")
+                        return
+                done.wait(STOP_POLL_S)
+
+        watcher = threading.Thread(target=watch, name=f"evolve-stop-watch-{self.fire_id}", daemon=True)
+        watcher.start()
+        try:
+            yield run_stop
+        finally:
+            done.set()
+            watcher.join()
 
     def _claim(self, cycle: int, item: WorkItem, claimer: str) -> bool:
         """Record the claim in session-state first, then claim in the source.
@@ -304,6 +366,8 @@ class Fire:
                 outcome.reason = reason
                 if reason == "interrupted":
                     outcome.exit_code = exitcodes.SIGTERM
+                if reason.startswith("halt:"):
+                    outcome.halt = self.halted
                 return
             sel = self.selector.select(self.state, restorative=restorative)
             for item, flips in sel.quarantine:
@@ -329,6 +393,13 @@ class Fire:
             stop = self._work_cycle(cycle, sel, claimer, restorative, outcome)
             outcome.cycles += 1
             restorative = restorative and self.state.last_result in (CycleResult.REGRESSED, CycleResult.FAILED)
+            if stop == "interrupted" and self.halted and not self.stop.is_set():
+                # Interrupted by KILL/STOP, not by a signal: the halt's reason; 143 only when a running
+                # agent was cut short, exit 0 when it was never started (like a Step-1 halt).
+                outcome.reason = f"halt:{self.halted}"
+                outcome.halt = self.halted
+                outcome.exit_code = exitcodes.SIGTERM if self.halted_agent else exitcodes.OK
+                return
             if stop:
                 outcome.reason = stop
                 return
@@ -417,10 +488,35 @@ class Fire:
         def on_heartbeat(elapsed: float, progress: Mapping[str, Any] | None = None) -> None:
             self.log.info("agent.heartbeat", cycle=cycle, elapsed_s=round(elapsed, 1), **(progress or {}))
 
+        with self._agent_stop() as run_stop:
+            report = self._run_agent(cycle, inv, run_stop, on_start, on_heartbeat, (start_sha, dirty_before))
+        assert st.fire is not None
+        st.fire = replace(st.fire, agent_pgid=None)
+        if report.error_class == "interrupted":
+            self.gate.undo(start_sha, dirty_before)
+            return decision, report, "interrupted", {}
+        self._write_cycle_state(cycle, item, "gate", start_sha)
+        result, extra = self.gate.verify(cycle, item, report, start_sha, dirty_before, goals=goals, pre=pre)
+        return decision, report, result, extra
+
+    def _run_agent(
+        self,
+        cycle: int,
+        inv: Invocation,
+        run_stop: threading.Event,
+        on_start: Callable[[int], None],
+        on_heartbeat: Callable[..., None],
+        before: tuple[str | None, set[str]],
+    ) -> AgentReport:
+        """The agent run and its retries; no agent starts once KILL or STOP exists (§4.4)."""
         runner = self._runner()
         attempt = 0
         while True:
-            report = scrub(runner.run(inv, on_start=on_start, stop=self.stop, on_heartbeat=on_heartbeat))
+            if self._operator_halt("before_agent"):
+                return AgentReport("failed", error_class="interrupted", error=f"{self.halted}: agent not started")
+            report = scrub(runner.run(inv, on_start=on_start, stop=run_stop, on_heartbeat=on_heartbeat))
+            # Cut short by the watch's KILL (not by a signal): 143, like any interrupted agent.
+            self.halted_agent = report.error_class == "interrupted" and self.halted is not None
             if report.warnings:  # the report is untrusted input: say what parsing capped, dropped or zeroed
                 self.log.warning("agent.report_sanitized", cycle=cycle, warnings=report.warnings)
             again = retry.decide(
@@ -431,24 +527,18 @@ class Fire:
                 backoff_s=self.cfg.agent.retry_backoff_s,
             )
             if not again.retry:
-                break
-            self.gate.undo(start_sha, dirty_before)
+                return report
+            self.gate.undo(*before)
             event = "agent.limit_wait" if report.error_class == "limit" else "agent.retry"
             self.log.warning(event, cycle=cycle, wait_s=again.wait_s, reason=again.reason, error=report.error[:200])
-            if self.stop.wait(again.wait_s):
-                break
+            if run_stop.wait(again.wait_s):
+                if self.halted:  # a KILL ended the wait: the cycle is interrupted, not failed
+                    return AgentReport("failed", error_class="interrupted", error=f"{self.halted}: retry wait ended")
+                return report
             attempt += 1
             if report.session_id and self.cfg.agent.runner == "claude":
                 # The failed run already created the conversation: carry on in it ("resume" mode).
                 inv = replace(inv, mode="resume", resume=True, session_id=report.session_id)
-        assert st.fire is not None
-        st.fire = replace(st.fire, agent_pgid=None)
-        if report.error_class == "interrupted":
-            self.gate.undo(start_sha, dirty_before)
-            return decision, report, "interrupted", {}
-        self._write_cycle_state(cycle, item, "gate", start_sha)
-        result, extra = self.gate.verify(cycle, item, report, start_sha, dirty_before, goals=goals, pre=pre)
-        return decision, report, result, extra
 
     def _goals_before(self) -> tuple[Any, dict[str, Any] | None]:
         """The goal measurement the cycle starts from, so the gate can tell a goal it broke."""

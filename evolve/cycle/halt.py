@@ -92,20 +92,61 @@ def is_red(entry: dict[str, Any] | None) -> bool:
     return isinstance(gate, str) and bool(_RED.search(gate))
 
 
-def evaluate(s: HaltSnapshot) -> Step1:
-    warnings: list[str] = []
-    for name, m in (("KILL", s.global_kill), ("KILL", s.local_kill), ("STOP", s.stop)):
-        if m.present and not m.fresh(s.kill_ttl_s):
-            warnings.append(
-                f"stale {name} marker ignored: {m.path} is {m.age_s / 86400:.1f} days old "
-                f"(TTL {s.kill_ttl_s / 86400:g} days); not deleted"
-            )
+def sticky_state(m: Marker, ttl_s: float) -> str:
+    """A KILL or STOP marker: ``live`` (it halts), ``stale``, ``expired`` or ``absent``.
+
+    * ``expires:`` recorded → live until then (the operator's own ``--for``/``--until``);
+    * ``written-by:`` recorded (``evolve stop``/``kill``) → live until ``evolve resume``: the
+      operator said stop, and no clock, however wrong or stepped, may take that back;
+    * otherwise (written by hand or by another tool) the TTL applies, and the marker is stale only
+      when BOTH its mtime and the timestamp on its first line are older than it: a file restored
+      or copied with an old mtime, or rewritten with an old first line, is still fresh.
+
+    An ``expires:`` line that does not parse counts as no expiry: a halt fails closed.
+    """
+    if not m.present:
+        return "absent"
+    if m.expires_in_s is not None:
+        return "live" if m.expires_in_s > 0 else "expired"
+    if m.author:
+        return "live"
+    old = m.age_s > ttl_s and (m.written_age_s is None or m.written_age_s > ttl_s)
+    return "stale" if old else "live"
+
+
+def _ignored(name: str, m: Marker, ttl_s: float) -> str | None:
+    state = sticky_state(m, ttl_s)
+    if state == "stale":
+        return (
+            f"stale {name} marker ignored: {m.path} is {m.age_s / 86400:.1f} days old "
+            f"(TTL {ttl_s / 86400:g} days); not deleted"
+        )
+    if state == "expired":
+        return f"expired {name} marker ignored: {m.path} expired {-(m.expires_in_s or 0.0):.0f}s ago; not deleted"
+    return None
+
+
+def marker_halt(s: HaltSnapshot) -> Step1:
+    """Rules 1 and 2 alone (KILL, then STOP): also what a running fire re-checks (§4.4)."""
+    warnings = [
+        w for w in (_ignored(n, m, s.kill_ttl_s) for n, m in
+                    (("KILL", s.global_kill), ("KILL", s.local_kill), ("STOP", s.stop)))
+        if w
+    ]
     w = tuple(warnings)
     for m in (s.global_kill, s.local_kill):
-        if m.fresh(s.kill_ttl_s):
+        if sticky_state(m, s.kill_ttl_s) == "live":
             return Step1(halt=KILL, detail=f"{m.path}: {m.content.strip()[:200]}", warnings=w)
-    if s.stop.fresh(s.kill_ttl_s):
+    if sticky_state(s.stop, s.kill_ttl_s) == "live":
         return Step1(halt=USER_HALT, detail=s.stop.content.strip()[:200], warnings=w)
+    return Step1(warnings=w)
+
+
+def evaluate(s: HaltSnapshot) -> Step1:
+    first = marker_halt(s)
+    if first.halt:
+        return first
+    w = first.warnings
 
     clear_dormant = False
     if s.dormant.present:

@@ -13,7 +13,7 @@ from evolve.childenv import BASE, FIRE, child_env
 from evolve.cycle import halt
 from evolve.cycle.context import FireContext
 from evolve.procgroup import Limits, run_group
-from evolve.store.markers import read_marker, remove_marker
+from evolve.store.markers import Marker, read_marker, remove_marker
 from evolve.timeutil import parse_iso
 
 LEDGER_TAIL = 20  # entries the halt rules look at (the regression and restorative rules)
@@ -35,6 +35,27 @@ def snapshot(ctx: FireContext, now: float) -> halt.HaltSnapshot:
         breaker_open_until=until,
         ledger_tail=ctx.ledger.tail(LEDGER_TAIL).entries,
         ack_regression_cycle=st.ack_regression_cycle,
+    )
+
+
+def operator_halt(ctx: FireContext, now: float) -> halt.Step1:
+    """KILL and STOP alone (rules 1 and 2), as a running fire re-checks them (docs/DESIGN.md §4.4).
+
+    Three ``stat`` calls and three small reads: cheap enough to ask every second while an agent runs.
+    The other markers are Step 1's business only and count as absent here.
+    """
+    p = ctx.paths
+    return halt.marker_halt(
+        halt.HaltSnapshot(
+            now=now,
+            kill_ttl_s=ctx.cfg.halt.kill_ttl_days * 86400,
+            global_kill=read_marker(p.global_kill, now),
+            local_kill=read_marker(p.kill, now),
+            stop=read_marker(p.stop, now),
+            dormant=Marker(p.dormant, False),
+            handoff=Marker(p.handoff, False),
+            ack_regression=Marker(p.ack_regression, False),
+        )
     )
 
 

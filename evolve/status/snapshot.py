@@ -52,6 +52,7 @@ MARKERS: tuple[tuple[str, str, bool, str], ...] = (
     ("ACK-REGRESSION", "ack_regression", False, "acknowledges a goal regression; consumed by the next fire"),
 )
 STALE_EFFECT = "ignored: older than the TTL (not deleted)"
+EXPIRED_EFFECT = "ignored: past its recorded expiry (not deleted)"
 
 # Status answers Step 1's lazy needs without running anything: DORMANT halts while it exists (the
 # next fire may clear it, but status probes no work source), and no governor command is run.
@@ -78,8 +79,10 @@ class MarkerInfo:
     sticky: bool
     effect: str
     ttl_s: int | None = None  # sticky markers only, like the two below
-    ttl_left_s: int | None = None
-    stale: bool = False
+    ttl_left_s: int | None = None  # None also when the TTL does not apply (written by evolve, or an expiry)
+    stale: bool = False  # stale or expired: ignored
+    written_by: str | None = None  # the marker's ``written-by:`` record
+    expires_in_s: int | None = None  # the marker's ``expires:`` record, from now
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -87,7 +90,8 @@ class MarkerInfo:
             "effect": self.effect,
         }
         if self.sticky:
-            out.update(ttl_s=self.ttl_s, ttl_left_s=self.ttl_left_s, stale=self.stale)
+            out.update(ttl_s=self.ttl_s, ttl_left_s=self.ttl_left_s, stale=self.stale,
+                       written_by=self.written_by, expires_in_s=self.expires_in_s)
         return out
 
 
@@ -249,10 +253,15 @@ def _marker_infos(found: Mapping[str, Marker], ttl_s: float) -> dict[str, Marker
             continue
         info = MarkerInfo(str(m.path), round(m.age_s), m.content.strip()[:500], sticky, effect)
         if sticky:
-            stale = not m.fresh(ttl_s)
+            state = step1.sticky_state(m, ttl_s)
+            stale = state in ("stale", "expired")
+            ttl_applies = m.expires_in_s is None and not m.author  # docs/DESIGN.md §2.2
+            left = ttl_s - min(m.age_s, m.written_age_s if m.written_age_s is not None else m.age_s)
             info = replace(
-                info, ttl_s=round(ttl_s), ttl_left_s=round(ttl_s - m.age_s), stale=stale,
-                effect=STALE_EFFECT if stale else effect,
+                info, ttl_s=round(ttl_s), ttl_left_s=round(left) if ttl_applies else None, stale=stale,
+                effect={"stale": STALE_EFFECT, "expired": EXPIRED_EFFECT}.get(state, effect),
+                written_by=m.author or None,
+                expires_in_s=None if m.expires_in_s is None else round(m.expires_in_s),
             )
         out[name] = info
     return out
@@ -373,7 +382,7 @@ def _halt(found: Mapping[str, Marker], ttl_s: float, now: float, tail: list[dict
         decision = step1.evaluate(snap)
     if decision.halt in (step1.KILL, step1.USER_HALT):
         name = "STOP" if decision.halt == step1.USER_HALT else "KILL(global)"
-        if decision.halt == step1.KILL and not found[name].fresh(ttl_s):
+        if decision.halt == step1.KILL and step1.sticky_state(found[name], ttl_s) != "live":
             name = "KILL"
         text = " ".join(found[name].content.strip()[:500].split())[:200]
         return Halt(decision.halt, f"{name} present: {text}")
@@ -400,7 +409,10 @@ def _degraded(breaker: Breaker, last: dict[str, Any] | None, fire: dict[str, Any
 
 
 def _warnings(markers: Mapping[str, MarkerInfo], malformed: int, last: dict[str, Any] | None) -> list[str]:
-    out = [f"{name} is older than its TTL and ignored" for name, m in markers.items() if m.stale]
+    out = [
+        f"{name} {'has expired' if m.effect == EXPIRED_EFFECT else 'is older than its TTL'} and ignored"
+        for name, m in markers.items() if m.stale
+    ]
     if malformed:
         out.append(f"{malformed} malformed ledger line(s) near the end")
     if last and last.get("error_class") == "limit":

@@ -104,6 +104,17 @@ def _session_line(s: Mapping[str, Any] | None) -> str:
     )
 
 
+def _sticky_note(m: Mapping[str, Any]) -> str:
+    """How long a KILL/STOP holds: its own expiry, until resumed (written by evolve), or the TTL."""
+    if m.get("stale"):
+        return ", STALE"
+    if m.get("expires_in_s") is not None:
+        return f", expires in {human_s(m.get('expires_in_s'))}"
+    if m.get("written_by"):
+        return f", {m['written_by']}, until resumed"
+    return f", TTL left {human_s(m.get('ttl_left_s'))}"
+
+
 def _marker_lines(markers: Mapping[str, Mapping[str, Any]]) -> list[str]:
     if not markers:
         return ["markers    none\n"]
@@ -113,7 +124,7 @@ def _marker_lines(markers: Mapping[str, Mapping[str, Any]]) -> list[str]:
         kind = "sticky" if m.get("sticky") else "non-sticky"
         ttl = ""
         if m.get("sticky"):
-            ttl = ", STALE" if m.get("stale") else f", TTL left {human_s(m.get('ttl_left_s'))}"
+            ttl = _sticky_note(m)
         out.append(f"marker     {name} ({kind}, {human_s(m['age_s'])} old{ttl}) {first}\n")
         out.append(f"           {m.get('effect', '')}\n")
     return out
