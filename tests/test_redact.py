@@ -149,7 +149,6 @@ EXEMPT = {
     "commands/daemon.py": "daemon bookkeeping", "scheduler.py": "daemon bookkeeping",
     "sdnotify.py": "systemd socket", "crashpoint.py": "tests",
     "cycle/side.py:dormant": "counts only",
-    "cycle/fire.py:_write_fire_record": "ids, times and counts",
     "log.py": "structlog renders after the _redact processor",
     "gitops.py:commit_paths": "the message comes from commit_message, which redacts",
     "cycle/gate.py:_commit": "the message comes from gitops.commit_message, which redacts",
@@ -166,8 +165,8 @@ SINKS = [
     ("harness/handoff.py", "request"), ("harness/handoff.py", "slug"), ("gitops.py", "commit_message"),
     ("commands/status.py", "run_status"), ("commands/status.py", "run_history"), ("commands/fire.py", "run"),
     ("work/harvested.py", "append_entry"), ("work/harvested.py", "_update"),
-    ("cycle/fire.py", "_write_cycle_state"), ("cycle/fire.py", "_handoff"),
-    ("cycle/side.py", "blocked"), ("cycle/fire.py", "__init__"), ("cycle/fire.py", "scrub"),
+    ("cycle/context.py", "write_cycle_state"), ("cycle/fire.py", "_handoff"),
+    ("cycle/side.py", "blocked"), ("cycle/fire.py", "__init__"), ("agent/report.py", "redacted"),
     ("agent/prompt.py", "build"), ("agent/invocation.py", "values"), ("cli.py", "_error_text"),
     ("commands/doctor.py", "run"), ("agent/http.py", "_redact"), ("agent/http.py", "_save"),
 ]

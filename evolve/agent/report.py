@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
 
+from evolve import redact
 from evolve.results import CycleResult as R
 
 # The results an agent may claim; the gate decides the rest (regressed, a downgrade to unchanged).
@@ -279,4 +280,18 @@ def parse_report(obj: Any) -> AgentReport:
         error_class=(err if err in ERROR_CLASSES else "transient") if result == "failed" else None,
         error=c.text("error", ERROR_CAP),
         warnings=c.warnings,
+    )
+
+
+def redacted(report: AgentReport) -> AgentReport:
+    """The agent's own texts lose any secret as they arrive, before anything truncates them (a cut
+    secret's prefix would no longer match) or they reach the next prompt; every sink redacts again."""
+    r = redact.current()
+    return replace(
+        report,
+        summary=r.text(report.summary),
+        disposition=r.text(report.disposition),
+        error=r.text(report.error),
+        percepts=[r.text(p) for p in report.percepts],
+        new_work=r.json(report.new_work),
     )

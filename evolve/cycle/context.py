@@ -12,11 +12,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from evolve import redact
 from evolve.config import Config
 from evolve.cycle.entry import base_entry
 from evolve.cycle.select import Selector
+from evolve.harness import hooks
 from evolve.paths import Paths
 from evolve.store import session_state
+from evolve.store.atomic import write_json
 from evolve.store.ledger import Ledger
 from evolve.timeutil import utc_iso
 from evolve.work.item import WorkItem, WorkSource
@@ -69,4 +72,20 @@ class FireContext:
             mode=mode,
             session_id=self.session_id(),
             fire_id=self.fire_id,
+        )
+
+    def write_cycle_state(self, cycle: int, item: WorkItem, phase: str, start_sha: str | None) -> None:
+        """``cycle-state.json``: the active cycle for the compaction hook and ``status`` (docs/DESIGN.md §7.2)."""
+        write_json(  # the sink: a harvested title may carry a secret
+            self.paths.cycle_state,
+            redact.current().json({
+                "cycle": cycle,
+                "phase": phase,
+                "step": phase,
+                "work_ref": item.ref,
+                "title": item.title,
+                **hooks.plan_fields(self.paths.repo, item.data),
+                "cycle_start_sha": start_sha,
+                "written_at": utc_iso(self.clock()),
+            }),
         )

@@ -34,7 +34,7 @@ def base_entry(
 
 
 def agent_fields(report: AgentReport, reading: ContextReading | None) -> dict[str, Any]:
-    """Texts come scrubbed (``fire.scrub``, before these caps) and the ledger redacts at its sink."""
+    """Texts come scrubbed (``agent.report.redacted``, before these caps) and the ledger redacts at its sink."""
     out: dict[str, Any] = {
         "duration_s": report.duration_s,
         "num_turns": report.num_turns,

@@ -25,11 +25,11 @@ from evolve import log as logmod
 from evolve.agent import prompt, retry
 from evolve.agent import session as sessions
 from evolve.agent.invocation import Invocation
-from evolve.agent.report import AgentReport
+from evolve.agent.report import AgentReport, redacted
 from evolve.agent.runners import Runner, make_runner
 from evolve.childenv import seal_own_environ
 from evolve.config import Config
-from evolve.cycle import budget, halt, recovery, scout, side, transition
+from evolve.cycle import budget, dryrun, halt, recovery, scout, side, transition, watch
 from evolve.cycle import step1 as step1_shell
 from evolve.cycle.context import FireContext, Observer
 from evolve.cycle.entry import agent_fields, base_entry
@@ -40,10 +40,10 @@ from evolve.harness import handoff as handoffs
 from evolve.harness import hooks as harness_hooks
 from evolve.harness import plan as plans
 from evolve.paths import Paths
-from evolve.procgroup import FIRE_TAG, kill_group, stop_signals, tagged_groups
+from evolve.procgroup import FIRE_TAG, stop_signals
 from evolve.results import CycleResult
 from evolve.store import session_state
-from evolve.store.atomic import atomic_write_bytes, write_json
+from evolve.store.atomic import atomic_write_bytes
 from evolve.store.dirfd import ensure_dir
 from evolve.store.ledger import Ledger
 from evolve.store.lock import FireLock
@@ -54,23 +54,6 @@ from evolve.work import ladder
 from evolve.work.item import ClaimLost, SourceError, WorkItem, WorkSource
 
 MAX_SCOUTS_PER_CYCLE = 3
-MARKER_POLL_S = 1.0  # while an agent runs, how often the fire looks for a KILL (docs/DESIGN.md §4.4)
-STOP_POLL_S = 0.1  # how soon an agent run sees the fire's own stop event (a signal, the daemon's shutdown)
-
-
-def scrub(report: AgentReport) -> AgentReport:
-    """The agent's own texts lose any secret as they arrive, before anything truncates them (a cut
-    secret's prefix would no longer match) or they reach the next prompt; every sink redacts again."""
-    r = redact.current()
-    return replace(
-        report,
-        summary=r.text(report.summary),
-        disposition=r.text(report.disposition),
-        error=r.text(report.error),
-        percepts=[r.text(p) for p in report.percepts],
-        new_work=r.json(report.new_work),
-    )
-
 
 
 @dataclass(frozen=True)
@@ -152,7 +135,7 @@ class Fire:
                 try:
                     return self._dry_run()
                 finally:
-                    self._reap()  # its probes carry the tag too
+                    recovery.reap(self.ctx)  # its probes carry the tag too
             lock = FireLock(self.paths.lock)
             if not lock.acquire(self.opts.wait_s):
                 self.log.info("fire.skipped", reason="another fire holds the lock", lock=str(self.paths.lock))
@@ -161,30 +144,9 @@ class Fire:
                 try:
                     return self._locked()
                 finally:
-                    self._reap()  # still under the lock: nothing of ours outlives the fire into the next
+                    recovery.reap(self.ctx)  # still under the lock: nothing of ours outlives the fire into the next
         finally:
             logmod.unbind("fire_id", "cycle")
-
-    def _reap(self) -> None:
-        """Kill every process group still carrying this fire's ``EVOLVE_FIRE_ID``, however the fire ends.
-
-        Each child's own group is killed when it ends, but what it moved into a session of its own
-        (``setsid``, a daemonizing dev server) is in no group we recorded and would keep running and
-        writing to the repository. Our own process and group are never among them
-        (:func:`~evolve.procgroup.tagged_groups` skips both).
-        """
-        try:
-            pgids = sorted(tagged_groups(FIRE_TAG, self.fire_id))
-            if not pgids:
-                return
-            self.log.warning("fire.reaped", pgids=pgids)
-            for pgid in pgids:
-                try:
-                    kill_group(pgid, grace_s=recovery.ORPHAN_GRACE_S)
-                except OSError as exc:  # not ours to signal after all: say so, go on with the rest
-                    self.log.warning("fire.reap_failed", pgid=pgid, error=str(exc)[:200])
-        except Exception as exc:  # never let the clean-up hide the fire's own outcome or exception
-            self.log.exception("fire.reap_failed", error=str(exc)[:200])
 
     @contextlib.contextmanager
     def _signals(self):
@@ -281,52 +243,15 @@ class Fire:
             self._note_halt(d, phase)
         return d.halt
 
+    def _killed(self, d: halt.Step1) -> None:
+        self._note_halt(d, "agent_running")
+
     def _note_halt(self, d: halt.Step1, phase: str) -> None:
         """Remember the halt, and log and notify it as a ``halt`` the first time only."""
         if self.halted is None:
             self.halted = d.halt
             self.log.info("halt", reason=d.halt, detail=d.detail, phase=phase)
             self.ctx.emit("halt", reason=d.halt, detail=d.detail, phase=phase)
-
-    @contextlib.contextmanager
-    def _agent_stop(self):
-        """The stop event one agent run (and its retry waits) polls.
-
-        It is set when the fire's own stop is (a signal, or the daemon's shutdown) and when a KILL
-        appears (§4.4). A separate event, because under the daemon ``self.stop`` is shared by every
-        repository's fire and a KILL here must stop this one only; and no signal is needed from
-        ``evolve kill``, so no pid (the daemon's own, or a reused one) is ever at risk.
-        """
-        run_stop, done = threading.Event(), threading.Event()
-
-        def watch() -> None:
-            next_look = 0.0
-            while not done.is_set():
-                if self.stop.is_set():
-                    run_stop.set()
-                    return
-                if time.monotonic() >= next_look:
-                    next_look = time.monotonic() + MARKER_POLL_S
-                    try:
-                        d = step1_shell.operator_halt(self.ctx, self.clock())
-                    except Exception as exc:  # never let the watch die silently: say so and keep looking
-                        self.log.warning("halt.watch_error", error=str(exc)[:200])
-                        d = halt.Step1()
-                    # Only KILL interrupts a running agent; a STOP lets the cycle finish and is found
-                    # again before the next one. The stop is set first: a notify command may be slow.
-                    if d.halt == halt.KILL:
-                        run_stop.set()
-                        self._note_halt(d, "agent_running")
-                        return
-                done.wait(STOP_POLL_S)
-
-        watcher = threading.Thread(target=watch, name=f"evolve-stop-watch-{self.fire_id}", daemon=True)
-        watcher.start()
-        try:
-            yield run_stop
-        finally:
-            done.set()
-            watcher.join()
 
     def _claim(self, cycle: int, item: WorkItem, claimer: str) -> bool:
         """Record the claim in session-state first, then claim in the source.
@@ -404,21 +329,6 @@ class Fire:
                 outcome.reason = stop
                 return
 
-    def _write_cycle_state(self, cycle: int, item: WorkItem, phase: str, start_sha: str | None) -> None:
-        write_json(  # the sink: a harvested title may carry a secret
-            self.paths.cycle_state,
-            redact.current().json({
-                "cycle": cycle,
-                "phase": phase,
-                "step": phase,
-                "work_ref": item.ref,
-                "title": item.title,
-                **harness_hooks.plan_fields(self.paths.repo, item.data),
-                "cycle_start_sha": start_sha,
-                "written_at": utc_iso(self.clock()),
-            }),
-        )
-
     def _work_cycle(
         self, cycle: int, sel: ladder.Selection, claimer: str, restorative: bool, outcome: FireOutcome
     ) -> str | None:
@@ -465,7 +375,7 @@ class Fire:
         goals, pre = self._goals_before()
         start_sha = gitops.head(repo)
         dirty_before = gitops.dirty_paths(repo)
-        self._write_cycle_state(cycle, item, "agent", start_sha)
+        self.ctx.write_cycle_state(cycle, item, "agent", start_sha)
         self.log.info("cycle.start", cycle=cycle, ref=item.ref, title=item.title, source=item.source)
         plan, inv = self._plan_agent(cycle, item, restorative)
         decision = plan.decision
@@ -488,14 +398,14 @@ class Fire:
         def on_heartbeat(elapsed: float, progress: Mapping[str, Any] | None = None) -> None:
             self.log.info("agent.heartbeat", cycle=cycle, elapsed_s=round(elapsed, 1), **(progress or {}))
 
-        with self._agent_stop() as run_stop:
+        with watch.agent_stop(self.ctx, self.stop, self._killed) as run_stop:
             report = self._run_agent(cycle, inv, run_stop, on_start, on_heartbeat, (start_sha, dirty_before))
         assert st.fire is not None
         st.fire = replace(st.fire, agent_pgid=None)
         if report.error_class == "interrupted":
             self.gate.undo(start_sha, dirty_before)
             return decision, report, "interrupted", {}
-        self._write_cycle_state(cycle, item, "gate", start_sha)
+        self.ctx.write_cycle_state(cycle, item, "gate", start_sha)
         result, extra = self.gate.verify(cycle, item, report, start_sha, dirty_before, goals=goals, pre=pre)
         return decision, report, result, extra
 
@@ -514,7 +424,7 @@ class Fire:
         while True:
             if self._operator_halt("before_agent"):
                 return AgentReport("failed", error_class="interrupted", error=f"{self.halted}: agent not started")
-            report = scrub(runner.run(inv, on_start=on_start, stop=run_stop, on_heartbeat=on_heartbeat))
+            report = redacted(runner.run(inv, on_start=on_start, stop=run_stop, on_heartbeat=on_heartbeat))
             # Cut short by the watch's KILL (not by a signal): 143, like any interrupted agent.
             self.halted_agent = report.error_class == "interrupted" and self.halted is not None
             if report.warnings:  # the report is untrusted input: say what parsing capped, dropped or zeroed
@@ -768,48 +678,21 @@ class Fire:
     # -- dry run ---------------------------------------------------------------------------
 
     def _dry_run(self) -> FireOutcome:
+        """Step 1 and the selection evaluated, the agent call planned; nothing applied or written."""
         now = self.clock()
         self.state = session_state.load_readonly(self.paths.state, self.ledger)
         d = step1_shell.run(self.ctx, now, apply=False)
-        plan: dict[str, Any] = {
-            "step1": {
-                "halt": d.halt,
-                "detail": d.detail,
-                "would_clear_dormant": d.clear_dormant,
-                "would_clear_handoff": d.clear_handoff,
-                "restorative": d.restorative,
-                "breaker_probe": d.breaker_probe,
-                "warnings": list(d.warnings),
-            }
-        }
+        plan: dict[str, Any] = {"step1": dryrun.step1_json(d)}
         if not d.halt:
             sel = self.selector.select(self.state, restorative=d.restorative)
             cycle = self.ledger.last_cycle() + 1
-            plan["cycle"] = cycle
-            plan["probe_errors"] = list(sel.probe_errors)
-            plan["candidates"] = [
-                {"rung": c.rung, "ref": c.ref, "title": c.title, "verdict": c.verdict} for c in sel.considered
-            ]
-            plan["why"] = sel.reason
-            if sel.blocked_mode:
-                plan["metronome_blocked"] = sel.blocked_mode
-            if self.selector.generated_preview:
-                plan["would_queue"] = self.selector.generated_preview
-            if sel.item is None:
-                plan["selection"] = None
-            else:
-                item = sel.item
-                agent_plan, inv = self._plan_agent(cycle, item, d.restorative, new_id="<new-session-uuid>")
-                decision = agent_plan.decision
+            plan.update(dryrun.selection_json(cycle, sel, self.selector.generated_preview))
+            plan["selection"] = None
+            if sel.item is not None:
+                agent_plan, inv = self._plan_agent(cycle, sel.item, d.restorative, new_id="<new-session-uuid>")
                 argv, env_changes = self._runner().plan(inv)
-                plan["selection"] = {**item.as_json(), "ref": item.ref, "rung": sel.rung}
-                plan["agent"] = {
-                    "mode": decision.mode,
-                    "reason": decision.reason,
-                    "argv": argv,
-                    "env": env_changes,
-                    "prompt": inv.prompt,
-                }
+                plan["selection"] = {**sel.item.as_json(), "ref": sel.item.ref, "rung": sel.rung}
+                plan["agent"] = dryrun.agent_json(agent_plan, inv, argv, env_changes)
         self.log.info("fire.dry_run", **{k: v for k, v in plan.items() if k != "agent"})
         out = FireOutcome(exitcodes.OK, "dry-run", halt=d.halt)
         out.entries.append(plan)

@@ -106,3 +106,25 @@ def _settle_claim(ctx: FireContext, claimed: ClaimedWork, action: ClaimAction) -
         except (SourceError, OSError) as exc:
             ctx.log.warning("reconcile.claim_error", error=str(exc))
     ctx.log.info("reconcile.claim", action=action, ref=claimed.ref)
+
+
+def reap(ctx: FireContext) -> None:
+    """Kill every process group still carrying this fire's ``EVOLVE_FIRE_ID``, however the fire ends.
+
+    Each child's own group is killed when it ends, but what it moved into a session of its own
+    (``setsid``, a daemonizing dev server) is in no group we recorded and would keep running and
+    writing to the repository. Our own process and group are never among them
+    (:func:`~evolve.procgroup.tagged_groups` skips both).
+    """
+    try:
+        pgids = sorted(tagged_groups(FIRE_TAG, ctx.fire_id))
+        if not pgids:
+            return
+        ctx.log.warning("fire.reaped", pgids=pgids)
+        for pgid in pgids:
+            try:
+                kill_group(pgid, grace_s=ORPHAN_GRACE_S)
+            except OSError as exc:  # not ours to signal after all: say so, go on with the rest
+                ctx.log.warning("fire.reap_failed", pgid=pgid, error=str(exc)[:200])
+    except Exception as exc:  # never let the clean-up hide the fire's own outcome or exception
+        ctx.log.exception("fire.reap_failed", error=str(exc)[:200])

@@ -1,0 +1,45 @@
+"""What ``evolve fire --dry-run`` shows (docs/DESIGN.md §4.5): Step 1, the ladder and the exact agent call.
+
+Pure assembly of what the fire evaluated without applying anything; the fire gathers the parts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from evolve.agent.invocation import Invocation
+from evolve.cycle import halt
+from evolve.harness.plan import AgentPlan
+from evolve.work import ladder
+
+
+def step1_json(d: halt.Step1) -> dict[str, Any]:
+    return {
+        "halt": d.halt,
+        "detail": d.detail,
+        "would_clear_dormant": d.clear_dormant,
+        "would_clear_handoff": d.clear_handoff,
+        "restorative": d.restorative,
+        "breaker_probe": d.breaker_probe,
+        "warnings": list(d.warnings),
+    }
+
+
+def selection_json(cycle: int, sel: ladder.Selection, generated: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every rung's candidates and why the top one won (the selection itself is added by the caller)."""
+    out: dict[str, Any] = {
+        "cycle": cycle,
+        "probe_errors": list(sel.probe_errors),
+        "candidates": [{"rung": c.rung, "ref": c.ref, "title": c.title, "verdict": c.verdict} for c in sel.considered],
+        "why": sel.reason,
+    }
+    if sel.blocked_mode:
+        out["metronome_blocked"] = sel.blocked_mode
+    if generated:
+        out["would_queue"] = generated
+    return out
+
+
+def agent_json(plan: AgentPlan, inv: Invocation, argv: list[str], env_changes: dict[str, str]) -> dict[str, Any]:
+    d = plan.decision
+    return {"mode": d.mode, "reason": d.reason, "argv": argv, "env": env_changes, "prompt": inv.prompt}
