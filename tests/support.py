@@ -40,6 +40,23 @@ def jsonl(path: Path) -> list[dict[str, Any]]:
     for line in path.read_bytes().splitlines():
         if line.strip():
             out.append(orjson.loads(line))
+    # Without the queue's tombstones: what a line that outgrew its place on an in-place edit leaves
+    # behind, its content moved to the end (evolve/store/inplace.py).
+    return [e for e in out if not (isinstance(e, dict) and e.get("superseded") is True)]
+
+
+def live(path: Path) -> list[dict[str, Any]]:
+    """The queue's entries as readers see them: without blank lines and the tombstones a line that
+    outgrew its place leaves behind (evolve/store/inplace.py; its content moved to the end), and
+    without unparsable lines."""
+    out = []
+    for line in path.read_bytes().splitlines():
+        try:
+            e = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue  # blank, or a line the operator's tools left unparsable
+        if isinstance(e, dict) and e.get("superseded") is not True:
+            out.append(e)
     return out
 
 

@@ -28,13 +28,15 @@ TEMP_AGE_S = 120  # how old leftover temp files are made before a recovery fire 
 
 # Where a fire is made to die (evolve/crashpoint.py), and how many occurrences in a fire to pick from:
 # half a ledger line written then death, death right after the ledger entry (before the claim is
-# finalized), between a state file's temp write and its rename, between the queue's temp write and
-# its rename (claims and finalizes), while the agent runs, and as the gate starts.
+# finalized), between a state file's temp write and its rename, after the queue's redo journal is
+# written and between a moved line's appended copy and its tombstone (claims and finalizes;
+# evolve/store/inplace.py), while the agent runs, and as the gate starts.
 POINTS = {
     "ledger.torn": 3,
     "ledger.appended": 3,
     "replace:session-state.json": 8,
     "replace:cycle-state.json": 4,
+    "queue.journal": 4,
     "queue.replace": 4,
     "agent.running": 3,
     "gate": 3,
@@ -120,7 +122,8 @@ def _check(env: Env, added: int) -> None:
 
 def _epics(env: Env) -> list[tuple[str, set[str]]]:
     return [(e["source_epic"], {i["title"] for i in e["items"]})
-            for e in (orjson.loads(x) for x in env.paths.nextwork.read_bytes().splitlines())]
+            for e in (orjson.loads(x) for x in env.paths.nextwork.read_bytes().splitlines())
+            if not e.get("superseded")]  # (tombstones of moved lines)
 
 
 def run_harness(env: Env, kills: int, seed: int) -> Counter[str]:

@@ -26,7 +26,7 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
-from support import Env, entry, git, improved_step
+from support import Env, entry, git, improved_step, live
 
 from evolve import config as configmod
 from evolve.agent import report as reportmod
@@ -34,6 +34,7 @@ from evolve.agent import stream
 from evolve.errors import ConfigError
 from evolve.store import ledger as ledgermod
 from evolve.store import session_state
+from evolve.store.jsonl import parse_object
 from evolve.store.ledger import Ledger
 from evolve.work import beads
 from evolve.work.goals import GoalsError, load_goals
@@ -294,24 +295,28 @@ def test_harvested_queue_on_random_lines(lines: list[bytes], torn: bool, quality
             assert isinstance(c.title, str) and not has_control(c.title)  # (may be "" for a title of controls)
             assert isinstance(c.ref, str) and isinstance(c.description, str) and len(c.description) <= 4000
         assert HarvestedQueue(path, repo_names=repo, quality=quality).candidates() == cands  # deterministic
-        kept = [raw for raw in data.split(b"\n") if not blank(raw)]
         event("queue: an item to claim" if cands else "queue: nothing selectable")
         if not cands:
             return
         item = cands[0]
         q.claim(item, "evolve:cycle-1", "2026-01-01T00:00:00Z")
-        after_claim = [raw for raw in path.read_bytes().split(b"\n") if not blank(raw)]
-        changed = [i for i, (a, b) in enumerate(zip(kept, after_claim, strict=True)) if a != b]
-        assert len(changed) == 1  # exactly one line rewritten; every other one (malformed too) byte for byte
+        # In place: one line's bytes changed, at the same offset and length (its new content, or a
+        # tombstone when it moved to the end); every other byte (malformed lines too) is where it was.
+        after_claim = path.read_bytes()
+        old_lines, new_lines = data.split(b"\n"), after_claim[: len(data)].split(b"\n")
+        changed = [i for i, (a, b) in enumerate(zip(old_lines, new_lines, strict=True)) if a != b]
+        assert len(changed) == 1 and len(old_lines[changed[0]]) == len(new_lines[changed[0]])
+        assert after_claim[len(data):].count(b"\n") <= 2  # a move's copy (after a newline for a torn tail)
         assert item.ref not in {c.ref for c in q.candidates()} or sum(c.ref == item.ref for c in cands) > 1
         q.finalize(item, "evolve:cycle-1", "2026-01-01T00:00:01Z")
-        after = [raw for raw in path.read_bytes().split(b"\n") if not blank(raw)]
-        assert len(after) == len(kept)
-        assert [i for i, (a, b) in enumerate(zip(kept, after, strict=True)) if a != b] == changed
-        line = orjson.loads(after[changed[0]])
-        items = line["items"] if isinstance(line.get("items"), list) else [line]
-        done = [i for i in items if isinstance(i, dict) and i.get("claim_status") == "consumed"
-                and i.get("consumed_by") == "evolve:cycle-1"]
+        after = path.read_bytes()
+        assert after[: len(data)].split(b"\n")[: changed[0]] == old_lines[: changed[0]]
+        done = []
+        for raw in after.split(b"\n"):
+            line = parse_object(raw) or {}
+            items = line["items"] if isinstance(line.get("items"), list) else [line]
+            done += [i for i in items if isinstance(i, dict) and i.get("claim_status") == "consumed"
+                     and i.get("consumed_by") == "evolve:cycle-1"]
         assert len(done) == 1 and done[0].get("claimed_at") == "2026-01-01T00:00:00Z"
         with pytest.raises(ClaimLost):  # a consumed item cannot be claimed again
             q.claim(WorkItem("harvested", item.ref + "\x00gone", "x"), "evolve:cycle-2", "2026-01-01T00:00:02Z")
@@ -785,10 +790,11 @@ def test_hostile_titles_never_reach_a_shell_and_round_trip(env: Env, cli) -> Non
     for e in ledger:
         assert not controls_in(e["target"]) and e["target"].strip()
     # The queue keeps every hostile field byte for byte; only the claim fields changed.
-    after = env.paths.nextwork.read_bytes().splitlines()
+    after = {e["source_epic"]: e for e in live(env.paths.nextwork)}  # (claimed lines moved to the end)
     assert len(after) == len(before.splitlines())
-    for old, new in zip(before.splitlines(), after, strict=True):
-        o, n = orjson.loads(old)["items"][0], orjson.loads(new)["items"][0]
+    for old in before.splitlines():
+        o = orjson.loads(old)["items"][0]
+        n = after[orjson.loads(old)["source_epic"]]["items"][0]
         assert n["claim_status"] == "consumed"
         assert {k: n[k] for k in o} == o
     # The agent got the work as data: one argv element, JSON in env, placeholders never re-expanded.
@@ -865,7 +871,7 @@ def test_one_megabyte_description_and_notes_flow_through_a_fire(env: Env, cli) -
     assert env.ledger()[0]["result"] == "improved"
     work = orjson.loads(env.calls()[0]["env"]["EVOLVE_WORK_JSON"])
     assert big.startswith(work["description"]) and len(work["description"]) <= 4000
-    item = orjson.loads(env.paths.nextwork.read_bytes())["items"][0]
+    (item,) = live(env.paths.nextwork)[0]["items"]
     assert item["description"] == big and item["notes"] == big and item["claim_status"] == "consumed"
     assert not (env.repo / "CANARY").exists() and len(r.stdout) < 100_000  # the 1 MB never reached the log
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from support import live
 
 from evolve.work.harvested import HarvestedQueue
 from evolve.work.item import ClaimLost
@@ -78,8 +79,9 @@ def test_lifecycle_claim_finalize_release_keeps_unknown_fields(tmp_path: Path) -
     q.claim(b, "evolve:cycle-2", "t2")
     q.release(b, "evolve:cycle-2", "t3", "failed")
     lines = q.path.read_bytes().splitlines()
-    assert lines[1] == b"garbage line"
-    e = orjson.loads(lines[0])
+    assert lines[1] == b"garbage line"  # every other line stays where it was
+    assert orjson.loads(lines[0])["superseded"] is True  # the entry outgrew its line: moved to the end
+    (e,) = live(q.path)
     assert e["entry_extra"] == "keep"
     ia, ib = e["items"]
     assert ia["custom"] == {"k": 1}
@@ -91,7 +93,7 @@ def test_lifecycle_claim_finalize_release_keeps_unknown_fields(tmp_path: Path) -
     assert e.get("consumed") is not True  # not every item is consumed yet
     q.claim(b, "evolve:cycle-3", "t4")
     q.finalize(b, "evolve:cycle-3", "t5")
-    e = orjson.loads(q.path.read_bytes().splitlines()[0])
+    (e,) = live(q.path)
     assert e["consumed"] is True and e["claim_status"] == "consumed"
 
 
@@ -108,7 +110,7 @@ def test_park_blocks_the_item(tmp_path: Path) -> None:
     q = _q(tmp_path, _entry(_item("a")))
     (a,) = q.candidates()
     q.park(a, "t", "3 failed attempts")
-    item = orjson.loads(q.path.read_bytes())["items"][0]
+    item = live(q.path)[0]["items"][0]
     assert item["status"] == "blocked" and item["blocked_note"] == "3 failed attempts"
     assert q.candidates() == []
 
@@ -119,7 +121,9 @@ def test_rewrite_keeps_the_file_mode_and_leaves_no_temp(tmp_path: Path) -> None:
     (a,) = q.candidates()
     q.claim(a, "c", "t")
     assert (os.stat(q.path).st_mode & 0o777) == 0o640
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["next-work.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".next-work.jsonl.redo", "next-work.jsonl"]
+    assert orjson.loads((tmp_path / ".next-work.jsonl.redo").read_bytes()) == {"state": "done"}
+    assert (os.stat(tmp_path / ".next-work.jsonl.redo").st_mode & 0o777) == 0o640  # readable as the queue is
 
 
 def test_concurrent_appender_loses_nothing(tmp_path: Path) -> None:
@@ -303,7 +307,8 @@ def test_claim_after_an_external_append_keeps_it(tmp_path: Path) -> None:
         fh.write(orjson.dumps(_entry(_item("b"), epic="other")) + b"\n")
     q.claim(a, "c", "t")
     lines = [orjson.loads(x) for x in q.path.read_bytes().splitlines()]
-    assert [e["source_epic"] for e in lines] == ["ep", "other"]
+    assert [e.get("source_epic") for e in lines] == [None, "other", "ep"]  # a tombstone; the claim moved on
+    assert [e["source_epic"] for e in live(q.path)] == ["other", "ep"]
     assert [w.title for w in q.candidates()] == ["b"] == [w.title for w in HarvestedQueue(q.path).candidates()]
 
 
@@ -313,11 +318,11 @@ def test_same_ref_on_two_lines_claims_the_first_selectable(tmp_path: Path) -> No
     assert first.ref == second.ref
     q.claim(first, "c1", "t")
     q.claim(second, "c2", "t")
-    items = [orjson.loads(x)["items"][0] for x in q.path.read_bytes().splitlines()]
+    items = [e["items"][0] for e in live(q.path)]
     assert [i.get("claimed_by") for i in items] == [None, "c1", "c2"]
     q.finalize(second, "c2", "t")
     q.release(first, "c1", "t", "failed")
-    items = [orjson.loads(x)["items"][0] for x in q.path.read_bytes().splitlines()]
+    items = [e["items"][0] for e in live(q.path)]  # (the claims' slack took these edits in place)
     assert [i.get("claim_status") for i in items] == [None, "available", "consumed"]
     assert [w.ref for w in q.candidates()] == _fresh(q) == [first.ref]
 
@@ -395,9 +400,9 @@ def test_rewrite_never_writes_over_an_in_place_edit_the_tail_check_missed(tmp_pa
     _settle(q)
     b = next(w for w in q.candidates() if w.title == "b")
     q.claim(b, "c1", "t")
-    lines = [orjson.loads(x) for x in q.path.read_bytes().splitlines()]
-    assert [e["items"][0]["title"] for e in lines] == ["zzz", "b", "c"]  # the edit survived the rewrite
-    assert lines[1]["items"][0]["claimed_by"] == "c1"
+    lines = live(q.path)
+    assert [e["items"][0]["title"] for e in lines] == ["zzz", "c", "b"]  # the edit survived; "b" moved on
+    assert lines[2]["items"][0]["claimed_by"] == "c1"
     assert [w.title for w in q.candidates()] == ["zzz", "c"] == [w.title for w in HarvestedQueue(q.path).candidates()]
 
 
@@ -462,8 +467,9 @@ def test_rewrite_keeps_blank_lines_and_every_other_byte(tmp_path: Path) -> None:
     (_a, b) = q.candidates()
     q.claim(b, "c", "t")
     after = q.path.read_bytes().split(b"\n")
-    assert after[:3] == before.split(b"\n")[:3] and after[4:] == before.split(b"\n")[4:]
-    assert orjson.loads(after[3])["items"][0]["claimed_by"] == "c"
+    assert after[:3] == before.split(b"\n")[:3] and after[4] == b"{torn"  # (ended by a newline)
+    assert len(after[3]) == len(before.split(b"\n")[3]) and orjson.loads(after[3])["superseded"] is True
+    assert orjson.loads(after[5])["items"][0]["claimed_by"] == "c" and after[6:] == [b""]
     assert [w.title for w in q.candidates()] == ["a"] == [w.title for w in HarvestedQueue(q.path).candidates()]
 
 
@@ -475,9 +481,11 @@ def test_lines_after_a_changed_line_move_with_it(tmp_path: Path) -> None:
         q.claim(item, f"claimer-with-a-long-name-{n}", "2026-01-01T00:00:00Z")  # each line grows
         q.annotate(next(w for w in HarvestedQueue(q.path).candidates()) if n < 5 else item, "t", note="x" * n)
     q.finalize(item, "claimer-with-a-long-name-5", "t")
-    lines = [orjson.loads(x) for x in q.path.read_bytes().splitlines()]
-    assert [e["items"][0]["claimed_by"] for e in lines] == [f"claimer-with-a-long-name-{n}" for n in range(6)]
-    assert lines[5]["consumed"] is True
+    lines = {e["items"][0]["title"]: e for e in live(q.path)}
+    assert sorted(lines) == [f"i{n}" for n in range(6)]
+    assert [lines[f"i{n}"]["items"][0]["claimed_by"] for n in range(6)] == [
+        f"claimer-with-a-long-name-{n}" for n in range(6)]
+    assert lines["i5"]["consumed"] is True
     assert list(q.candidates()) == [] == list(HarvestedQueue(q.path).candidates())
 
 
@@ -490,7 +498,7 @@ def test_claim_finds_the_item_when_another_tool_reordered_the_file(tmp_path: Pat
     os.replace(tmp, q.path)
     q.claim(b, "c1", "t")
     q.finalize(b, "c1", "t")
-    entries = [orjson.loads(x) for x in q.path.read_bytes().splitlines()]
+    entries = live(q.path)
     assert [(e["source_epic"], e.get("consumed")) for e in entries] == [("C", None), ("A", None), ("B", True)]
 
 
@@ -534,26 +542,25 @@ def test_candidates_since_a_line(tmp_path: Path) -> None:
     assert [w.title for w in q.candidates()] == ["new2", "new1", "old"]
 
 
-def test_a_rewrite_is_not_starved_by_an_appender(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An append lands in every rewrite's window (an appender writing every few ms): the rewrite goes
-    ahead and the appended lines are salvaged into the new file, instead of retrying until it gives up."""
+def test_appends_between_edits_stay_in_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An append lands in every edit's window (an appender writing every few ms): the edit goes ahead
+    at once (one attempt, nothing retried) and the appended lines stay where they were written."""
     q = _q(tmp_path, _entry(_item("a"), epic="A"))
     (a,) = q.candidates()
-    write_new = q._write_new
+    apply = q._apply
     appended: list[int] = []
 
     def with_an_append(*args, **kw):
-        out = write_new(*args, **kw)
         with open(q.path, "ab") as fh:
             fh.write(orjson.dumps(_entry(_item(f"bg{len(appended)}"), epic="BG")) + b"\n")
         appended.append(1)
-        return out
+        return apply(*args, **kw)
 
-    monkeypatch.setattr(q, "_write_new", with_an_append)
-    q.claim(a, "c", "t")
-    q.finalize(a, "c", "t")
+    monkeypatch.setattr(q, "_apply", with_an_append)
+    q.claim(a, "c", "t")  # moves: the copy goes after bg0
+    q.finalize(a, "c", "t")  # fits the copy's slack: in place, before bg1
     assert len(appended) == 2  # one attempt each
-    entries = [orjson.loads(x) for x in q.path.read_bytes().splitlines()]
-    assert [e["source_epic"] for e in entries] == ["A", "BG", "BG"]
-    assert entries[0]["items"][0]["claim_status"] == "consumed"
+    entries = live(q.path)
+    assert [e["source_epic"] for e in entries] == ["BG", "A", "BG"]
+    assert entries[1]["items"][0]["claim_status"] == "consumed"
     assert [w.title for w in q.candidates()] == ["bg0", "bg1"] == [w.title for w in HarvestedQueue(q.path).candidates()]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from support import Env, entry, improved_step, results
+from support import Env, entry, improved_step, live, results
 
 
 def fake_tool(bindir: Path, name: str, body: str) -> Path:
@@ -175,7 +175,7 @@ def test_generators_feed_the_harvested_rung_with_dedup(env: Env, cli) -> None:
     env.queue(entry("already queued", consumed=True))
     r = cli("fire", "--cycles", "1")
     assert r.code == 0, r.stderr
-    lines = [orjson.loads(x) for x in env.paths.nextwork.read_bytes().splitlines()]
+    lines = live(env.paths.nextwork)
     gen_entries = [e for e in lines if e.get("source_epic") == "evolve-generator"]
     assert len(gen_entries) == 1
     items = gen_entries[0]["items"]
@@ -185,7 +185,7 @@ def test_generators_feed_the_harvested_rung_with_dedup(env: Env, cli) -> None:
     assert e["selected_source"] == "harvested" and e["target"] == "Generated: add tests"
     # A second fire finds the item consumed and the generator's output all duplicates: an empty pass.
     r = cli("fire", "--cycles", "1")
-    lines = [orjson.loads(x) for x in env.paths.nextwork.read_bytes().splitlines()]
+    lines = live(env.paths.nextwork)
     assert len([e for e in lines if e.get("source_epic") == "evolve-generator"]) == 1
     assert env.ledger()[-1]["target"] == "idle"
 
@@ -200,7 +200,7 @@ def test_scout_defer_moves_on_to_the_next_candidate_in_the_same_cycle(env: Env, 
     e = ledger[0]
     assert (e["cycle"], e["result"], e["target"]) == (1, "improved", "small one")
     assert e["scouted"] == [{"ref": "source_epic=e1:item=too big", "disposition": "defer:needs a design"}]
-    items = orjson.loads(env.paths.nextwork.read_bytes().splitlines()[0])["items"]
+    items = live(env.paths.nextwork)[0]["items"]
     assert items[0]["disposition"] == "defer:needs a design" and items[0]["claim_status"] == "available"
     assert items[1]["claim_status"] == "consumed"
     assert [c["env"]["EVOLVE_CYCLE"] for c in env.calls()] == ["1", "1"]
@@ -213,7 +213,9 @@ def test_scout_split_queues_children_and_park_blocks(env: Env, cli) -> None:
     env.steps([{"report": {"result": "scout", "disposition": "split", "new_work": children}},
                {"report": {"result": "scout", "disposition": "park: needs operator"}}, improved_step()])
     cli("fire", "--cycles", "1")
-    lines = [orjson.loads(x) for x in env.paths.nextwork.read_bytes().splitlines()]
+    lines = live(env.paths.nextwork)
+    (parent_entry,) = [e for e in lines if e.get("source_epic") == "e1"]
+    lines = [parent_entry, *(e for e in lines if e is not parent_entry)]  # (the parent's line moved on an edit)
     parent = lines[0]["items"][0]
     assert parent["status"] == "split" and parent["split_into"] == ["child one", "child two"]
     kids = [i for e in lines[1:] for i in e["items"]]
@@ -298,7 +300,7 @@ for n in range(2000):
         assert cli("fire", "--cycles", "1").code == 0
         fires += 1
     writer.wait(timeout=120)
-    lines = [orjson.loads(x) for x in env.paths.nextwork.read_bytes().splitlines()]
+    lines = live(env.paths.nextwork)
     assert sorted(e["n"] for e in lines if e.get("source_epic") == "bg") == list(range(2000))
     items = next(e for e in lines if e.get("source_epic") == "e1")["items"]
     done = [i for i in items if i.get("claim_status") == "consumed"]
@@ -312,8 +314,9 @@ def test_quality_flag_takes_findings_first_and_claims_as_quality(env: Env, cli) 
     r = cli("fire", "--cycles", "1", "--quality")
     assert r.code == 0, r.stderr
     assert env.ledger()[-1]["target"] == "high finding"
-    lines = [orjson.loads(x) for x in env.paths.nextwork.read_bytes().splitlines()]
-    assert lines[1]["items"][0]["consumed_by"] == "evolve-quality:cycle-1"
+    lines = live(env.paths.nextwork)
+    (e2,) = [e for e in lines if e["source_epic"] == "e2"]
+    assert e2["items"][0]["consumed_by"] == "evolve-quality:cycle-1"
 
 
 def test_beads_only_flag(env: Env, cli) -> None:

@@ -124,6 +124,7 @@ HELPERS = {"redactor", "redact_text"}
 EXEMPT = {
     "store/atomic.py": "the primitives; their callers are the sinks",
     "store/jsonl.py": "byte mechanics of the queue; callers redact",
+    "store/inplace.py": "in-place line edits of the queue; changed fields were redacted by _update",
     "store/lock.py": "pid and time only",
     "store/markers.py": "marker primitives",
     "procgroup.py:_start": "no content", "procgroup.py:kill_group": "no content",
@@ -134,8 +135,8 @@ EXEMPT = {
     "agent/scripted.py": "the test agent itself",
     "work/goals/snapshot.py": "gate check names and numbers",
     "work/generators.py": "generator output queued via HarvestedQueue.append_entry",
-    "work/harvested.py:_salvage": "copies lines other processes appended, byte for byte",
-    "work/harvested.py:_write_new": "copies the operator's lines; changed fields were redacted by _update",
+    "work/harvested.py:_materialize": "copies the operator's linked queue byte for byte",
+    "work/harvested.py:_write_all": "the byte loop under _materialize",
     "metrics.py:ledger_counts": "counts by result",
     "metrics.py:write_textfile": "render() redacts every label (Exposition)",
     "status/schedule.py": "daemon pid/heartbeat",

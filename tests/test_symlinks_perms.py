@@ -11,7 +11,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from support import Env, entry
+from support import Env, entry, live
 
 from evolve.errors import UnsafePathError
 from evolve.paths import Paths
@@ -239,7 +239,7 @@ def test_claim_rewrite_keeps_the_queue_mode_owner_and_group(env: Env, cli) -> No
     with umask(0o077):  # the rewrite must not take the umask's narrower mode either
         r = cli("fire", "--cycles", "1")
     assert r.code == 0, r.stderr
-    lines = [orjson.loads(x) for x in env.paths.nextwork.read_bytes().splitlines()]
+    lines = live(env.paths.nextwork)
     assert lines[0]["items"][0].get("consumed") is True or lines[0]["items"][0].get("claim_status") != "available"
     assert _meta(env.paths.nextwork) == (0o660, 1234, 5678)
 

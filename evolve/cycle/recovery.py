@@ -29,6 +29,7 @@ def sweep(ctx: FireContext) -> None:
     q = ctx.paths.nextwork
     removed = sweep_temps(ctx.paths.evolve_dir, older_than_s=TEMP_AGE_S)
     removed += sweep_temps(q.parent, older_than_s=TEMP_AGE_S, only=q.name)
+    removed += sweep_temps(q.parent, older_than_s=TEMP_AGE_S, only=f".{q.name}.redo")  # the queue's redo journal
     if removed:
         ctx.log.warning("store.temps_removed", count=len(removed), names=removed[:20])
 

@@ -127,10 +127,7 @@ def objects(fd: int, limit: int | None = None) -> Iterator[dict[str, Any]]:
 
 
 def hash_region(fd: int, size: int) -> tuple[bytes, Read]:
-    digest = hashlib.sha256()
-    done = Read()
-    for _ in chunks(fd, 0, size, done, digest):
-        pass
+    digest, done = rehash(fd, size)
     return digest.digest(), done
 
 
@@ -181,3 +178,12 @@ def append_bytes(path: Path, data: bytes) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def rehash(fd: int, size: int) -> tuple[Any, Read]:
+    """A SHA-256 of the first ``size`` bytes of ``fd``, still open for more, and what was read."""
+    digest = hashlib.sha256()
+    done = Read()
+    for _ in chunks(fd, 0, size, done, digest):
+        pass
+    return digest, done

@@ -1,9 +1,10 @@
 """The harvested queue ``.agents/rpi/next-work.jsonl`` (schema v1.4, docs/DESIGN.md §6.1).
 
 Each line is an entry ``{source_epic, timestamp, items[], consumed, claim_status, ...}``; legacy
-flat rows (an item's fields at the top level) are read too. Rewrites change only the lines they
-must, keep every unknown field, every unparsable line and every blank line byte for byte, are
-atomic, and do not lose a line another process appended while we were rewriting.
+flat rows (an item's fields at the top level) are read too. Edits change only the line they must,
+in place (:mod:`evolve.store.inplace`: same offset, same length, or a copy appended and a tombstone
+left), keep every unknown field, every unparsable line and every blank line byte for byte, survive a
+crash through a redo journal, and never lose a line another process appended, however it appends.
 
 Memory stays a few bytes per line and per item however large the file grows (a queue of 10^5 items
 is ~64 MB of JSON): :class:`HarvestedQueue` never holds the file or its parsed lines. Its index is
@@ -24,11 +25,12 @@ parsed again only where it changed. Each call stats the file and then
   (after a racy read, the whole indexed region's hash is compared instead of its last 4 KiB);
 * anything else → the file is parsed again from scratch.
 
-A rewrite (claim, finalize, …) finds its item where the selection found it (``WorkItem.locator``,
-checked against the line) or else by scanning the file, and afterwards re-ranks only the lines it
-changed; lines salvaged from concurrent appenders come in through the append path. The tail check
-cannot see a same-length in-place edit further up that comes with an append, so before writing the
-file back a rewrite compares the whole region's hash if appends were taken on the tail check alone.
+An edit (claim, finalize, …) finds its item where the selection found it (``WorkItem.locator``,
+checked against the line) or else by scanning the file, and afterwards re-ranks only the line it
+changed; a moved line's copy comes in through the append path. The tail check cannot see a
+same-length in-place edit further up that comes with an append, so before an edit the whole region's
+hash is compared if appends were taken on the tail check alone, and whenever the redo journal's stat
+changed (another editor's edit).
 
 The byte-level mechanics (chunked reads, hashes, the racy-stat test, appends) are in
 :mod:`evolve.store.jsonl`; this module holds the queue's schema, its ranking and its index.
@@ -37,6 +39,8 @@ The byte-level mechanics (chunked reads, hashes, the racy-stat test, appends) ar
 from __future__ import annotations
 
 import bisect
+import errno
+import fcntl
 import hashlib
 import heapq
 import math
@@ -50,14 +54,14 @@ from typing import Any
 
 import orjson
 
-from evolve import crashpoint, redact
-from evolve.store.atomic import adopt, create_temp, existing
-from evolve.store.dirfd import open_dir
+from evolve import redact
+from evolve.store import inplace
+from evolve.store.atomic import create_temp
+from evolve.store.dirfd import NOFOLLOW, is_link, open_dir
 from evolve.store.jsonl import (
-    Changed,
-    Out,
     Read,
     append_bytes,
+    chunks,
     gc_paused,
     hash_region,
     keep_tail,
@@ -65,6 +69,7 @@ from evolve.store.jsonl import (
     parse_object,
     racy,
     read_lines,
+    rehash,
     stat_sig,
 )
 from evolve.timeutil import parse_iso
@@ -78,6 +83,13 @@ _ITEM_BITS = 32  # file order of item ``ii`` of line ``li``: ``li << _ITEM_BITS 
 _LOW = (1 << _ITEM_BITS) - 1
 _BULK = 32  # more new ranked items than this: extend and sort instead of inserting one by one
 _VIEW_CACHE = 64  # parsed lines a candidates view keeps (items of one line are often read together)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def entry_items(obj: dict[str, Any]) -> list[dict[str, Any]]:
@@ -201,8 +213,9 @@ def _where(key: int) -> tuple[int, int]:
 class _View:
     """The file as the index last saw it, kept open, turning rank keys into WorkItems on demand.
 
-    A rewrite replaces the file by renaming a new one over it, so the old inode — the one these
-    offsets describe — stays readable here for as long as the view lives.
+    Lines are edited in place (same length, same offset), so these offsets stay valid; a line edited
+    since it was indexed parses as something else, and :meth:`item` then hands out a ref no claim
+    accepts.
     """
 
     def __init__(self, queue: HarvestedQueue, fd: int, keys: list[int]) -> None:
@@ -268,31 +281,23 @@ class _Edit:
                 items = entry_items(entry)
                 if 0 <= ii < len(items) and same_ref(item_ref(entry, items[ii]), ref) and want(entry, items[ii]):
                     return li, entry, items[ii]
-        li = 0
+        starts = self.queue._starts
         with gc_paused():
-            for _, lines in read_lines(self.fd, 0, Read(), self.queue._size):
-                for raw in lines:
-                    entry = self._entry(li, raw)
+            for at, lines in read_lines(self.fd, 0, Read(), self.queue._size):
+                for start, raw in zip(at, lines, strict=True):
+                    # The index may still count a line since blanked in place: match by offset.
+                    li = bisect.bisect_left(starts, start)
+                    entry = self._entry(li, raw) if li < len(starts) and starts[li] == start else None
                     if entry is not None:
                         for it in entry_items(entry):
                             if same_ref(item_ref(entry, it), ref) and want(entry, it):
                                 return li, entry, it
-                    li += 1
         return None
 
     def mark(self, li: int, entry: dict[str, Any]) -> None:
         if li not in self.before:
             self.before[li] = self._raw(li)
         self.changed[li] = entry
-
-
-class _Written:
-    """A rewrite's new file, written and synced but not yet in place."""
-
-    def __init__(self, tmp: str, st: os.stat_result, out: Out, starts: array[int], ends: array[int]) -> None:
-        self.tmp, self.st = tmp, st
-        self.size, self.digest, self.tail = out.size, out.digest, out.tail
-        self.starts, self.ends = starts, ends
 
 
 class HarvestedQueue:
@@ -315,6 +320,7 @@ class HarvestedQueue:
         # How long an in_progress claim found in the file holds (None: for ever), measured on ``clock``.
         self.claim_visibility_s = claim_visibility_s
         self.clock = clock
+        self._jsig: tuple[int, int, int] | None = None  # the redo journal's stat when the index was last checked
         self._forget()
 
     # -- the index ---------------------------------------------------------------------------
@@ -344,6 +350,10 @@ class HarvestedQueue:
     def _open(self) -> int | None:
         """The file open, with the index made to describe it (the caller closes it); None: no file."""
         known = time.time_ns()
+        jsig = self._journal_sig()  # before the read: an edit during it shows at the next call
+        if jsig != self._jsig and jsig is not None:
+            self._recover()  # (cheap when the journal says "done": one small read)
+            jsig = self._journal_sig()
         try:
             fd = os.open(self.path, os.O_RDONLY)
         except FileNotFoundError:
@@ -352,7 +362,8 @@ class HarvestedQueue:
         except OSError as exc:
             raise SourceError(f"cannot read {self.path}: {exc}") from exc
         try:
-            self._sync(fd, os.fstat(fd), known)
+            self._sync(fd, os.fstat(fd), known, foreign=jsig != self._jsig)
+            self._jsig = jsig
         except BaseException as exc:
             os.close(fd)
             if isinstance(exc, OSError):
@@ -360,22 +371,31 @@ class HarvestedQueue:
             raise
         return fd
 
+    def _journal_sig(self) -> tuple[int, int, int] | None:
+        """The stat of the queue's redo journal, replaced by every in-place edit (:mod:`evolve.store.inplace`)."""
+        try:
+            st = os.stat(self.path.with_name(f".{self.path.name}.redo"), follow_symlinks=False)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+
     def _refresh(self) -> None:
         fd = self._open()
         if fd is not None:
             os.close(fd)
 
-    def _sync(self, fd: int, st: os.stat_result, known: int, *, strict: bool = False) -> None:
+    def _sync(self, fd: int, st: os.stat_result, known: int, *, strict: bool = False, foreign: bool = False) -> None:
         """Reuse, extend or rebuild the index for the open file ``fd`` (stat ``st``, read after ``known``).
 
-        ``strict`` (before a rewrite, which copies the file from the index's line positions): if
-        appends were taken on the strength of the last 4 KiB alone, compare the whole region first,
-        so that an in-place edit further up is never written over.
+        ``strict`` (before an edit, which writes at the index's line positions): if appends were
+        taken on the strength of the last 4 KiB alone, compare the whole region first. ``foreign``:
+        another editor changed lines in place (the redo journal was replaced), so the stat and the
+        tail prove nothing: compare the whole region.
         """
         try:
             if st.st_ino == self._ino:
                 sig = stat_sig(st)
-                trusted = not self._racy and not (strict and self._unverified)
+                trusted = not self._racy and not (strict and self._unverified) and not foreign
                 if sig == self._sig and trusted:
                     return
                 if st.st_size == self._size and self._sig in (None, sig):
@@ -641,11 +661,11 @@ class HarvestedQueue:
         return self._rewrite(mutate)
 
     def _rewrite(self, mutate: Callable[[_Edit], bool], attempts: int = 20) -> bool:
-        """Apply ``mutate`` and replace the file atomically without losing concurrent appends.
+        """Apply ``mutate`` to the file in place, never moving a byte another writer wrote.
 
         The queue's directory is opened once without following symlinks (docs/DESIGN.md §2.0) and
-        the file is read, its temp created and renamed relative to it: a linked directory or a
-        linked queue file is refused, never written through."""
+        the file opened relative to it: a linked directory is refused; a symlink at the queue's own
+        path is replaced by a file of ours first, never written through."""
         try:
             dfd = open_dir(self.path.parent, create=False)
         except FileNotFoundError:
@@ -666,133 +686,118 @@ class HarvestedQueue:
         return False
 
     def _attempt(self, dfd: int, mutate: Callable[[_Edit], bool]) -> bool | None:
-        """One try at :meth:`_rewrite`; None when someone wrote meanwhile (start again)."""
+        """One try at :meth:`_rewrite`; None when the file was renamed over meanwhile (start again).
+
+        The file is edited in place under ``flock`` (:mod:`evolve.store.inplace`): its inode never
+        changes, so whatever any appender writes, now or through a descriptor it keeps open, lands
+        in the one file readers read."""
         known = time.time_ns()
         name = self.path.name
         try:
-            # A symlink at the queue's own path is read (as every reader does) and replaced by the
-            # rename, never written through; only a linked directory on the way is refused.
-            fd = os.open(name, os.O_RDONLY, dir_fd=dfd)
+            fd = os.open(name, os.O_RDWR | NOFOLLOW | _CLOEXEC, dir_fd=dfd)
         except FileNotFoundError:
             return self._gone(mutate)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EMLINK) and is_link(dfd, name):
+                self._materialize(dfd)
+                return None
+            raise
         try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # one editor at a time; appenders need no lock
             st = os.fstat(fd)
-            self._sync(fd, st, known, strict=True)  # the index now describes bytes [0, self._size) of fd
+            if os.stat(name, dir_fd=dfd, follow_symlinks=False).st_ino != st.st_ino:
+                return None  # another tool renamed a new file in while we waited for the lock
+            journal = inplace.Journal(dfd, name)
+            inplace.redo(fd, journal, st)  # an edit a killed editor left half done comes first
+            jsig = journal.sig()
+            self._sync(fd, os.fstat(fd), known, strict=True, foreign=jsig != self._jsig)
+            self._jsig = jsig
             edit = _Edit(self, fd)
             if not mutate(edit):
                 return False
-            try:
-                new = self._write_new(fd, edit, existing(dfd, name), dfd)
-            except Changed:
-                new = None
-            if new is None or not self._still_ours(fd, st, dfd):
-                if new is not None:
-                    os.unlink(new.tmp, dir_fd=dfd)
-                return None  # someone wrote meanwhile: start again from the new contents
-            crashpoint.reached("queue.replace")
-            replaced = time.time_ns()
-            os.replace(new.tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-            self._salvage(fd, self._size)
-            os.fsync(dfd)
-            self._replaced(edit, new, replaced)
+            for li in sorted(edit.changed):
+                if not self._apply(fd, journal, st, edit, li):
+                    self._forget()
+                    return None
+            self._edited(fd, journal)
             return True
         finally:
-            os.close(fd)
+            os.close(fd)  # (releases the lock)
 
-    def _still_ours(self, fd: int, st: os.stat_result, dfd: int) -> bool:
-        """The file at our path is still the one we copied, as we copied it, or it only grew since.
+    def _apply(self, fd: int, journal: inplace.Journal, st: os.stat_result, edit: _Edit, li: int) -> bool:
+        """Write line ``li``'s new content in place (a put, or a move when it does not fit) and
+        re-rank it; False when the line is not what the index says (the index is then dropped)."""
+        start, old = self._starts[li], edit.before[li]
+        here = os.pread(fd, len(old) + 1, start)
+        if here not in (old + b"\n", old) or (start and os.pread(fd, 1, start - 1) != b"\n"):
+            return False  # edited in place by a tool outside the lock: read it again
+        entry = edit.changed[li]
+        data = orjson.dumps(entry)
+        before = parse_object(old)
+        with gc_paused():
+            if before is not None:
+                self._unindex(li, before)
+            if len(data) <= len(old):
+                inplace.put(fd, journal, st, start, old, inplace.padded(data, len(old)))
+                self._insert(self._take(self._ranked(li, entry)))
+            else:  # the copy comes in through the append path; this line is a tombstone now
+                inplace.move(fd, journal, st, start, old, inplace.padded(data, len(data) + inplace.SLACK))
+        return True
 
-        Growth is fine: what was appended before our rename is salvaged after it (an appender writing
-        every few ms would otherwise starve the rewrite). Anything else (a new inode, a shrink, a
-        same-size edit, an edit in the last 4 KiB) means starting again from the new contents.
-        """
-        now = os.stat(self.path.name, dir_fd=dfd)  # what we read: the link's target, if one stands there
-        if now.st_ino != st.st_ino:
-            return False
-        if now.st_size == self._size:
-            return now.st_mtime_ns == st.st_mtime_ns
-        ends_a_line = self._size == 0 or self._tail.endswith(b"\n")
-        return now.st_size > self._size and ends_a_line and self._same_tail(fd)
-
-    def _write_new(self, fd: int, edit: _Edit, old: os.stat_result | None, dfd: int) -> _Written:
-        """Stream the indexed region of ``fd`` into a synced temp file in ``dfd``, the changed lines
-        replaced; it takes the old file's mode, owner and group (a queue shared through a group
-        stays appendable by the other user), or 0o666 less the umask when a link stood there."""
-        tfd, tmp = create_temp(dfd, self.path.name, 0o600 if old is not None else 0o666)
+    def _edited(self, fd: int, journal: inplace.Journal) -> None:
+        """After our own edits (still under the lock): hash the indexed region again (bytes in it
+        changed) and trust the stat we now see, then take in what was appended (a move's copy)."""
         try:
-            out = Out(tfd)
-            starts, ends = array("q", self._starts), array("q", self._ends)
-            pos = shift = 0
-            prev = 0
-            for li in sorted(edit.changed):
-                out.copy(fd, pos, starts[li])
-                data = orjson.dumps(edit.changed[li])
-                out.write(data)
-                pos = ends[li]
-                if shift:  # the lines between the previous change and this one move by the same amount
-                    starts[prev:li] = array("q", [x + shift for x in starts[prev:li]])
-                    ends[prev:li] = array("q", [x + shift for x in ends[prev:li]])
-                starts[li] += shift
-                ends[li] = starts[li] + len(data)
-                shift += len(data) - (pos - self._starts[li])
-                prev = li + 1
-            out.copy(fd, pos, self._size)
-            if shift:
-                starts[prev:] = array("q", [x + shift for x in starts[prev:]])
-                ends[prev:] = array("q", [x + shift for x in ends[prev:]])
-            if out.size and not out.tail.endswith(b"\n"):
-                out.write(b"\n")  # a last line without its newline: appenders start on a line of their own
-            if old is not None:
-                adopt(tfd, old)
-            os.fsync(tfd)
-            written = _Written(tmp, os.fstat(tfd), out, starts, ends)
-        except BaseException:
-            os.close(tfd)
-            os.unlink(tmp, dir_fd=dfd)
-            raise
-        os.close(tfd)
-        return written
-
-    def _replaced(self, edit: _Edit, new: _Written, replaced: int) -> None:
-        """Update the index to the file we just put in place: re-rank the changed lines only."""
-        try:
-            with gc_paused():
-                for li, entry in edit.changed.items():
-                    before = parse_object(edit.before[li])
-                    if before is not None:
-                        self._unindex(li, before)
-                    self._insert(self._take(self._ranked(li, entry)))
-            self._starts, self._ends = new.starts, new.ends
-            self._size, self._tail, self._digest = new.size, new.tail, new.digest
-            st = os.stat(self.path)
-            if st.st_ino != new.st.st_ino or st.st_size < new.size:
-                self._forget()  # replaced or truncated by someone else already
-                return
-            self._ino = new.st.st_ino
-            self._racy = racy(new.st.st_mtime_ns, replaced)
-            if st.st_size == new.size and st.st_mtime_ns == new.st.st_mtime_ns:
-                self._sig = stat_sig(st)
-            else:
-                self._sig = None  # salvaged or freshly appended lines: the append path parses them
+            self._digest, done = rehash(fd, self._size)
+            self._tail = done.tail
+            st = os.fstat(fd)
+            self._jsig = journal.sig()
+            self._ino = st.st_ino
+            # Not racy: appends change the size, and any other editor of bytes in place takes the
+            # lock and replaces the journal, whose stat is checked at every read.
+            self._racy = self._unverified = False
+            self._sig = stat_sig(st) if st.st_size == self._size else None
             self._refresh()
         except (OSError, SourceError):
             self._forget()
 
-    def _salvage(self, old_fd: int, seen: int) -> None:
-        """Copy lines appended to the old file between our stat and our replace into the new one."""
-        quiet = 0
-        while quiet < 2:
-            size = os.fstat(old_fd).st_size
-            if size > seen:
-                extra = os.pread(old_fd, size - seen, seen)
-                seen = size
-                if not extra.endswith(b"\n"):
-                    extra += b"\n"
-                append_bytes(self.path, extra)
-                quiet = 0
-            else:
-                quiet += 1
-                time.sleep(0.01)
+    def _materialize(self, dfd: int) -> None:
+        """A symlink at the queue's path: replace it by a regular file holding what it points to
+        (read, as every reader does, never written through; appends refuse a link anyway)."""
+        src = os.open(self.path.name, os.O_RDONLY | _CLOEXEC, dir_fd=dfd)
+        try:
+            tfd, tmp = create_temp(dfd, self.path.name, 0o666)
+            try:
+                for chunk in chunks(src, 0, None, Read()):
+                    _write_all(tfd, chunk)
+                os.fsync(tfd)
+            finally:
+                os.close(tfd)
+            os.replace(tmp, self.path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            os.fsync(dfd)
+        finally:
+            os.close(src)
+        self._forget()
+
+    def _recover(self) -> None:
+        """Finish an edit a killed editor left pending, unless an editor is at work (it will)."""
+        try:
+            dfd = open_dir(self.path.parent, create=False)
+        except OSError:
+            return
+        try:
+            fd = os.open(self.path.name, os.O_RDWR | NOFOLLOW | _CLOEXEC, dir_fd=dfd)
+        except OSError:
+            os.close(dfd)
+            return  # gone, linked, or read-only to us: the next editor replays it
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            inplace.redo(fd, inplace.Journal(dfd, self.path.name), os.fstat(fd))
+        except OSError:
+            pass  # (BlockingIOError: someone holds the lock, and finishes the edit itself)
+        finally:
+            os.close(fd)
+            os.close(dfd)
 
     def append_entry(self, entry: dict[str, Any]) -> None:
         """The sink of appends (follow-ups, scout splits, generators): their titles reach prompts."""
