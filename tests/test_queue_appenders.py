@@ -21,7 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 import orjson
-from support import jsonl, live
+from support import Env, entry, improved_step, jsonl, live
 
 from evolve.work.harvested import HarvestedQueue
 from evolve.work.item import ClaimLost
@@ -200,3 +200,45 @@ def test_an_editor_killed_mid_edit_is_finished_by_the_next_reader(tmp_path: Path
         assert s0["claim_status"] == ("consumed" if point == "queue.journal:2" else "in_progress"), point
         assert titles == ["S-1"]
         assert orjson.loads((path.parent / ".next-work.jsonl.redo").read_bytes()) == {"state": "done"}
+
+
+def test_evolve_fires_and_three_appenders_lose_nothing(env: Env) -> None:
+    """The same three appenders against real ``evolve fire`` processes (claim, finalize, and the moves
+    of the one many-item line they all edit) and an in-process editor between the fires."""
+    q_path = env.paths.nextwork
+    env.queue(entry(*[f"item-{n}" for n in range(6)]))
+    env.steps([improved_step()])
+    marks = env.root / "marks"
+    marks.mkdir()
+    appenders = _appenders(q_path, marks)
+    end = time.monotonic() + DEADLINE_S
+    while not (marks / "held-open").exists() and time.monotonic() < end:
+        time.sleep(0.005)
+    q = HarvestedQueue(q_path, claim_visibility_s=None)
+    done: dict[str, int] = {}
+    fires = 0
+    while (fires < HELD_EDITS or any(p.poll() is None for p in appenders)) and time.monotonic() < end:
+        r = subprocess.run([sys.executable, "-m", "evolve", "--repo", str(env.repo), "fire", "--cycles", "1"],
+                           env=env.env(), capture_output=True)
+        assert r.returncode == 0, r.stderr[-2000:]
+        fires += 1
+        _edit_one(q, ("A-1", "B-1", "C-1"), done)  # (A-1, A-10, …: claimed and finalized or released)
+        if fires == HELD_EDITS:
+            (marks / "go").touch()  # the held descriptor has outlived HELD_EDITS fires
+    (marks / "go").touch()
+    assert [p.wait(timeout=60) for p in appenders] == [0, 0, 0]
+    for raw in q_path.read_bytes().splitlines():
+        assert isinstance(orjson.loads(raw), dict)
+    entries = live(q_path)
+    titles = Counter(i["title"] for e in entries for i in e["items"])
+    want = [f"{w}-{n}" for w in "ABC" for n in range(LINES)] + [f"item-{n}" for n in range(6)]
+    assert sorted(titles) == sorted(want) and set(titles.values()) == {1}
+    items = [i for e in entries for i in e["items"]]
+    improved = [e for e in env.ledger() if e["result"] == "improved"]
+    assert len(improved) == fires
+    consumed = {i["title"] for i in items if i.get("claim_status") == "consumed"}
+    assert {e["target"] for e in improved} <= consumed  # every fire's claim and finalize applied
+    assert not [i for i in items if i.get("claim_status") == "in_progress"]
+    by_title = {i["title"]: i for i in items}
+    for title, released in done.items():
+        assert by_title[title]["claim_status"] == ("available" if released else "consumed"), title
