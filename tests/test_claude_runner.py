@@ -15,7 +15,7 @@ from pathlib import Path
 import orjson
 import pytest
 from fake_anthropic import FakeAnthropic, report_text, system_text, user_texts
-from support import Env, entry, results
+from support import Env, entry, live, results
 
 from evolve.procgroup import group_alive
 
@@ -156,7 +156,7 @@ def test_rate_limit_beyond_the_budget_exits_75_and_keeps_the_item(env: Env, cli,
     assert r.code == 75, r.stderr
     e = env.ledger()[-1]
     assert (e["result"], e["error_class"]) == ("failed", "limit")
-    item = orjson.loads(env.paths.nextwork.read_bytes().splitlines()[0])["items"][0]
+    item = live(env.paths.nextwork)[0]["items"][0]
     assert item["claim_status"] == "available"
     assert env.state()["consecutive_failures"] == 0  # limits never count toward the breaker
 

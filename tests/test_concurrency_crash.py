@@ -9,7 +9,7 @@ import sys
 import time
 
 import orjson
-from support import Env, entry, improved_step, results
+from support import Env, entry, improved_step, live, results
 
 from evolve.procgroup import group_alive
 
@@ -87,7 +87,7 @@ def test_sigkilled_fire_is_reconciled_by_the_next(env: Env, cli) -> None:
     agent_pgid = env.state()["fire"]["agent_pgid"]
     assert env.calls()[0]["pgid"] == agent_pgid
     # The claim is held while the cycle runs.
-    queue = [orjson.loads(x) for x in env.paths.nextwork.read_bytes().splitlines()]
+    queue = live(env.paths.nextwork)
     assert queue[0]["items"][0]["claim_status"] == "in_progress"
     fire.send_signal(signal.SIGKILL)
     fire.communicate(timeout=30)
@@ -106,7 +106,7 @@ def test_sigkilled_fire_is_reconciled_by_the_next(env: Env, cli) -> None:
     assert ledger[0]["work_ref"] == "source_epic=e1:item=alpha"
     # The claim was released and the next fire took the same item again.
     assert ledger[1]["work_ref"] == "source_epic=e1:item=alpha"
-    queue = [orjson.loads(x) for x in env.paths.nextwork.read_bytes().splitlines()]
+    queue = live(env.paths.nextwork)
     alpha = queue[0]["items"][0]
     assert alpha["claim_status"] == "consumed" and alpha["failed_at"]
     st = env.state()
@@ -157,7 +157,7 @@ def test_sigterm_records_interrupted_and_exits_143(env: Env) -> None:
     assert not group_alive(pgid)
     # The cycle's partial change is undone; the claim is back in the queue.
     assert not (env.repo / "half.txt").exists()
-    queue = [orjson.loads(x) for x in env.paths.nextwork.read_bytes().splitlines()]
+    queue = live(env.paths.nextwork)
     assert queue[0]["items"][0]["claim_status"] == "available"
     assert env.state()["fire"] is None
 

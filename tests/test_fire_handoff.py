@@ -6,7 +6,7 @@ import subprocess
 
 import orjson
 import pytest
-from support import Env, entry, heavy_step, improved_step, results
+from support import Env, entry, heavy_step, improved_step, live, results
 
 
 def test_two_fires_back_to_back_hand_off_and_resume(env: Env, cli) -> None:
@@ -43,7 +43,7 @@ def test_two_fires_back_to_back_hand_off_and_resume(env: Env, cli) -> None:
     assert end["reason"] == "context-handoff" and end["exit_code"] == 0
 
     # The parked item went back to the queue, still available.
-    queue = [orjson.loads(x) for x in env.paths.nextwork.read_bytes().splitlines()]
+    queue = live(env.paths.nextwork)
     alpha = queue[0]["items"][0]
     assert alpha["claim_status"] == "available" and alpha.get("consumed") is not True
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import sys
 
-import orjson
-from support import Env, entry, git, improved_step, results
+from support import Env, entry, git, improved_step, live, results
 
 from evolve import log
 from evolve.cycle.fire import Fire, FireOptions
@@ -41,7 +40,7 @@ def test_agent_that_breaks_a_test_is_reverted_and_operator_edits_survive(env: En
     assert git(env.repo, "rev-parse", "HEAD").strip() == start
     assert (env.repo / "app.py").read_text() == APP and not (env.repo / "new_module.py").exists()
     assert (env.repo / "README.md").read_text() == "# operator's unsaved edit\n"
-    item = orjson.loads(env.paths.nextwork.read_bytes().splitlines()[0])["items"][0]
+    item = live(env.paths.nextwork)[0]["items"][0]
     assert item["claim_status"] == "available"
 
 
@@ -123,7 +122,7 @@ def test_three_failures_park_the_item_and_the_loop_moves_on(env: Env, cli) -> No
     cli("fire", "--cycles", "4")
     assert results(env.ledger()) == ["failed", "failed", "failed", "improved"]
     assert [e["target"] for e in env.ledger()] == ["cursed"] * 3 + ["fine"]
-    cursed = orjson.loads(env.paths.nextwork.read_bytes().splitlines()[0])["items"][0]
+    cursed = live(env.paths.nextwork)[0]["items"][0]
     assert cursed["status"] == "blocked" and cursed["failed_at"] and "3 failed attempts" in cursed["blocked_note"]
     assert env.state()["attempts"] == {}
 
@@ -135,7 +134,7 @@ def test_handoffs_and_limits_are_not_attempts(env: Env, cli) -> None:
               + [{"report": {"result": "failed", "error_class": "limit", "error": "x (retry_after=9999s)"}}])
     for _ in range(4):
         cli("fire", "--cycles", "1")
-    item = orjson.loads(env.paths.nextwork.read_bytes().splitlines()[0])["items"][0]
+    item = live(env.paths.nextwork)[0]["items"][0]
     assert item.get("status") != "blocked"
 
 

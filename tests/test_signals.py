@@ -14,7 +14,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from support import Env, entry, results
+from support import Env, entry, live, results
 from test_daemon import start_daemon, trap_agent, wait_file
 
 from evolve.procgroup import group_alive
@@ -55,7 +55,7 @@ def sig_mask(pid: int, field: str) -> int:
 
 
 def claim_status(env: Env) -> str:
-    queue = [orjson.loads(x) for x in env.paths.nextwork.read_bytes().splitlines()]
+    queue = live(env.paths.nextwork)
     return queue[0]["items"][0]["claim_status"]
 
 
