@@ -4,9 +4,9 @@ Nothing here knows what a line means. It reads a file a chunk at a time with ``o
 line is parsed while it is in the cache and the file is never held whole), splits it into the
 non-blank lines and where each starts, hashes what it read and keeps its last :data:`TAIL_CHECK`
 bytes (so a caller can tell "only appended to" from "changed"), tells when a stat is too close to a
-write to be trusted ("racily clean", as git says), writes a replacement file while hashing it, and
-appends a line with one ``os.write`` on an ``O_APPEND`` descriptor. Queue policy (which items are
-selectable, in what order) stays in :mod:`evolve.work.harvested`.
+write to be trusted ("racily clean", as git says), and appends a line with one ``os.write`` on an
+``O_APPEND`` descriptor; in-place edits of lines are :mod:`evolve.store.inplace`. Queue policy
+(which items are selectable, in what order) stays in :mod:`evolve.work.harvested`.
 """
 
 from __future__ import annotations
@@ -139,35 +139,6 @@ def racy(mtime_ns: int, known_ns: int) -> bool:
 
 def stat_sig(st: os.stat_result) -> tuple[int, int, int, int]:
     return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-class Changed(Exception):
-    """The file shrank under a rewrite that was copying it."""
-
-
-class Out:
-    """The new file of a rewrite being written: its size, hash and last :data:`TAIL_CHECK` bytes."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.size = 0
-        self.digest = hashlib.sha256()
-        self.tail = b""
-
-    def write(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self.fd, view) :]
-        self.digest.update(data)
-        self.size += len(data)
-        self.tail = keep_tail(self.tail, data)
-
-    def copy(self, src: int, start: int, end: int) -> None:
-        done = Read()
-        for chunk in chunks(src, start, end - start, done):
-            self.write(chunk)
-        if done.size != end - start:
-            raise Changed
 
 
 def append_bytes(path: Path, data: bytes) -> None:
