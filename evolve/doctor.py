@@ -312,11 +312,11 @@ def check_schedule(paths: Any, env: Mapping[str, str]) -> Finding:
 
 def _git(repo: Path, *args: str) -> tuple[int | None, str, str]:
     """(exit code or None, first output line, stdout) of evolve's own git (gitops.run_git: no hooks, no fsmonitor)."""
-    from evolve.gitops import run_git
+    from evolve.gitops import GitTimeout, run_git
 
     try:
         p = run_git(repo, *args, timeout=10)
-    except subprocess.TimeoutExpired:
+    except GitTimeout:
         return None, "timed out after 10s", ""
     except OSError as exc:
         return None, str(exc), ""

@@ -11,6 +11,7 @@ too) imports this module for :func:`git_toplevel`, which usually needs no git pr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -31,6 +32,13 @@ class GitError(Exception):
     pass
 
 
+class GitTimeout(GitError):
+    """A git command ran past its limit (``[git] timeout_s`` or the fire's budget); its group was killed."""
+
+
+DEFAULT_TIMEOUT_S = 300.0  # [git] timeout_s; the limit of every git command that names none
+
+
 @dataclass(frozen=True)
 class GitPolicy:
     """What evolve's own git may run: the operator opts in to hooks and signing (``[git]``).
@@ -40,6 +48,7 @@ class GitPolicy:
 
     run_hooks: bool = False
     sign: bool = False
+    timeout_s: float = DEFAULT_TIMEOUT_S
 
 
 SAFE = GitPolicy()
@@ -91,19 +100,15 @@ def _config_args(policy: GitPolicy) -> list[str]:
     return [arg for kv in out for arg in ("-c", kv)]
 
 
-def _repo_program_overrides(repo: Path, env: Mapping[str, str]) -> list[str]:
+def _repo_program_overrides(repo: Path, env: Mapping[str, str], timeout: float = DEFAULT_TIMEOUT_S) -> list[str]:
     """``-c`` pins for program-valued keys set by the repository's own (local/worktree) config.
 
     The agent can write ``.git/config``: a ``filter.x.clean`` there (with a ``.gitattributes`` line)
     would run on ``git add``. Each such key is pinned to the operator's value from the system or
     global config, or to empty, which git reads as "no program". (Git LFS set up globally still works.)
     """
-    import subprocess
-
-    proc = subprocess.run(
-        ["git", "config", "--show-scope", "-z", "--get-regexp", _PROGRAM_KEYS.pattern],
-        cwd=repo, capture_output=True, text=True, env=dict(env), check=False,
-    )
+    proc = _run(["git", "config", "--show-scope", "-z", "--get-regexp", _PROGRAM_KEYS.pattern],
+                repo, env, timeout)
     operator: dict[str, str] = {}
     local: set[str] = set()
     fields = proc.stdout.split("\0")
@@ -131,18 +136,52 @@ def run_git(
 
     Hooks and fsmonitor are off unless ``policy.run_hooks``; signing is off unless ``policy.sign``;
     program-valued keys from the repository's own config are pinned; the environment is
-    :func:`git_env`. Raises OSError when git cannot start and TimeoutExpired after ``timeout``.
+    :func:`git_env`. Git runs in its own process group (a hook's children too) under
+    ``min(timeout, policy.timeout_s)``, also capped by the running fire's remaining budget
+    (:func:`evolve.procgroup.capped`). Raises OSError when git cannot start and GitTimeout (a
+    GitError) when the limit passes: the group is killed and the caller's step fails.
     """
-    import subprocess
+    from evolve.procgroup import capped
 
+    limit = capped(min(timeout or policy.timeout_s, policy.timeout_s))
     push = bool(args) and args[0] == "push"
     env = git_env(policy, push=push)
     if extra_env:
         env.update(extra_env)
-    pins = _repo_program_overrides(repo, env) if args and args[0] in _CONTENT else []
+    pins = _repo_program_overrides(repo, env, limit) if args and args[0] in _CONTENT else []
     argv = ["git", "--no-pager", *_config_args(policy), *pins, *args]
-    return subprocess.run(argv, cwd=repo, capture_output=True, text=True, env=env, timeout=timeout,
-                          stdin=subprocess.DEVNULL, check=False)
+    return _run(argv, repo, env, limit)
+
+
+def _run(argv: list[str], repo: Path, env: Mapping[str, str], limit: float) -> subprocess.CompletedProcess[str]:
+    """One git process in its own group, killed whole (hooks, their children) after ``limit`` seconds."""
+    import subprocess
+
+    from evolve.procgroup import kill_group, progressed, spawn
+
+    proc = spawn(argv, cwd=repo, env=env)
+    try:
+        out, err = proc.communicate(timeout=limit or None)
+    except subprocess.TimeoutExpired:
+        kill_group(proc.pid, grace_s=1.0, reap=proc.poll)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.communicate(timeout=5)  # a child that left the group may still hold the pipes
+        raise GitTimeout(f"git {_verb(argv)} timed out after {limit:g}s; process group killed") from None
+    except BaseException:
+        kill_group(proc.pid, grace_s=1.0, reap=proc.poll)  # interrupted: git must not outlive the fire
+        raise
+    progressed()  # a finished git command is a step of the fire done (the daemon's watchdog)
+    # surrogateescape: a path that is not UTF-8 survives the round trip back into an argv.
+    return subprocess.CompletedProcess(argv, proc.returncode, out.decode("utf-8", "surrogateescape"),
+                                       err.decode("utf-8", "replace"))
+
+
+def _verb(argv: list[str]) -> str:
+    """The subcommand of a git argv (after ``--no-pager`` and the ``-c`` pins), for an error message."""
+    i = 1
+    while i < len(argv) and argv[i].startswith("-"):
+        i += 2 if argv[i] == "-c" else 1
+    return argv[i] if i < len(argv) else "git"
 
 
 def _identity(repo: Path) -> dict[str, str]:

@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -49,7 +49,7 @@ from evolve.cronexpr import CronSpec, max_interval_s, next_times
 from evolve.cycle.fire import Fire, FireOptions
 from evolve.notify import observers_for
 from evolve.paths import Paths
-from evolve.procgroup import group_alive, stop_signals
+from evolve.procgroup import group_alive, progress_hook, stop_signals
 from evolve.status import publish_daemon
 from evolve.store import session_state
 from evolve.store.ledger import Ledger
@@ -117,12 +117,32 @@ class SpecTrigger(BaseTrigger):
         return f"<SpecTrigger {self.spec.expr!r} {self.timezone.key} jitter_s={self.jitter_s}>"
 
 
+STUCK_GRACE_S = 600.0  # beyond a fire's own bound, before its silence means it is stuck
+
+
+def stuck_after_s(cfg: config.Config) -> float:
+    """How long a fire may go without progress before the watchdog gives up on it.
+
+    Every step is capped by what is left of ``fire.max_minutes`` (plus a grace), and progress is
+    reported at every child's start, heartbeat and end, every git command and every fire event: a
+    fire silent for longer than its whole budget plus a grace is stuck somewhere nothing bounds.
+    Without ``max_minutes``, the longest single step any timeout allows stands in for the budget.
+    """
+    if cfg.fire.max_minutes:
+        bound = cfg.fire.max_minutes * 60
+    else:
+        bound = max(cfg.agent.timeout_s, cfg.gate.timeout_s, cfg.work.goals_timeout_s, cfg.git.timeout_s,
+                    cfg.halt.timeout_s, cfg.notify.timeout_s)
+    return bound + STUCK_GRACE_S
+
+
 @dataclass
 class Daemon:
     jobs: list[RepoJob]
     grace_s: float
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     notifier: sdnotify.Notifier = field(default_factory=sdnotify.Notifier)
+    clock: Callable[[], float] = time.monotonic  # the watchdog's clock (injected by tests)
 
     def __post_init__(self) -> None:
         self.log = logmod.get("evolve.daemon")
@@ -138,6 +158,9 @@ class Daemon:
         self._ready_sent = False
         self._ticker_error: BaseException | None = None
         self._sched: BlockingScheduler | None = None
+        # Each running fire's last progress and how long it may go without any (the watchdog's view).
+        self._progress: dict[str, tuple[float, float]] = {}
+        self._stuck_logged: set[str] = set()
 
     # -- start ------------------------------------------------------------------------------
 
@@ -252,15 +275,38 @@ class Daemon:
         self.log.info("daemon.ready", notify=self.notifier.enabled)
 
     def tick(self) -> None:
-        """WATCHDOG and STATUS.
+        """WATCHDOG and STATUS, the WATCHDOG only while every running fire makes progress.
 
         The status line reads the jobs under the scheduler's job-store lock, which its loop holds while
         it works through due jobs: a loop stuck there blocks this thread, the pings stop, and systemd's
-        watchdog restarts the daemon.
+        watchdog restarts the daemon. A fire silent past :func:`stuck_after_s` stops them too: a
+        restart (its cgroup killed whole, the next fire reconciling this one) beats a daemon that
+        looks alive while its repository never fires again.
         """
         line = self.status_line()
+        stuck = self.stuck_fires()
+        if stuck:
+            self.notifier.status(f"stuck: {', '.join(stuck)}; watchdog pings stopped; {line}")
+            return
         self.notifier.watchdog()
         self.notifier.status(line)
+
+    def stuck_fires(self) -> list[str]:
+        """The running fires silent for longer than their bound (each logged once per silence)."""
+        now = self.clock()
+        with self._idle:
+            silent = {name: now - last for name, (last, limit) in self._progress.items() if now - last > limit}
+        for name in sorted(silent.keys() - self._stuck_logged):
+            self.log.error("daemon.fire_stuck", job=name, silent_s=round(silent[name], 1),
+                           action="watchdog pings stopped: systemd restarts the daemon")
+        self._stuck_logged = set(silent)
+        return sorted(silent)
+
+    def progressed(self, name: str) -> None:
+        """A fire on ``name`` made progress (a child's start, beat or end, a git command, a fire event)."""
+        with self._idle:
+            if name in self._progress:
+                self._progress[name] = (self.clock(), self._progress[name][1])
 
     def refresh_status(self) -> None:
         """STATUS right when a count or the next fire changes (sent only when the line changed)."""
@@ -312,7 +358,11 @@ class Daemon:
             env = sdnotify.child_env(self.env)
             cfg = config.load(job.paths.config, env)  # edits to the agent config apply at the next fire
             observers = observers_for(cfg, job.paths, env)  # journal, notifications, metrics: as `evolve fire`
-            outcome = Fire(job.paths, cfg, FireOptions(), env=env, stop=self.stop, observers=observers).run()
+            with self._idle:
+                self._progress[job.name] = (self.clock(), stuck_after_s(cfg))
+            observers.append(lambda _event, _payload: self.progressed(job.name))
+            with progress_hook(lambda: self.progressed(job.name)):
+                outcome = Fire(job.paths, cfg, FireOptions(), env=env, stop=self.stop, observers=observers).run()
             code = outcome.exit_code
             kind = {exitcodes.OK: "ok", exitcodes.TEMPFAIL: "busy", exitcodes.SIGTERM: "interrupted",
                     exitcodes.SIGINT: "interrupted"}.get(code, "failed")
@@ -328,6 +378,7 @@ class Daemon:
             logmod.unbind("daemon_job")
             with self._idle:
                 self._running.discard(job.name)
+                self._progress.pop(job.name, None)
                 self._idle.notify_all()
 
     def _count(self, kind: str) -> None:

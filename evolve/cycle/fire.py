@@ -29,7 +29,7 @@ from evolve.agent.report import AgentReport, redacted
 from evolve.agent.runners import Runner, make_runner
 from evolve.childenv import seal_own_environ
 from evolve.config import Config
-from evolve.cycle import budget, dryrun, halt, recovery, scout, side, transition, watch
+from evolve.cycle import budget, dryrun, halt, recovery, retention, scout, side, transition, watch
 from evolve.cycle import step1 as step1_shell
 from evolve.cycle.context import FireContext, Observer
 from evolve.cycle.entry import agent_fields, base_entry
@@ -140,7 +140,7 @@ class Fire:
             if not lock.acquire(self.opts.wait_s):
                 self.log.info("fire.skipped", reason="another fire holds the lock", lock=str(self.paths.lock))
                 return FireOutcome(exitcodes.TEMPFAIL, "busy")
-            with lock, self._signals():
+            with lock, self._signals(), retention.bounded(self.ctx, self._remaining_s):  # §12: every step bounded
                 try:
                     return self._locked()
                 finally:

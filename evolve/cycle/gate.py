@@ -70,7 +70,7 @@ class Gate:
         self.cfg = cfg
         self.log = log
         self.env = env or {}
-        self.git_policy = gitops.GitPolicy(run_hooks=cfg.git.run_hooks, sign=cfg.git.sign)
+        self.git_policy = gitops.GitPolicy(run_hooks=cfg.git.run_hooks, sign=cfg.git.sign, timeout_s=cfg.git.timeout_s)
 
     def command_env(self) -> dict[str, str]:
         """A gate command runs the repo's code: locale, PATH, the fire's id and ``[gate] pass_env``, no secret."""
