@@ -139,3 +139,17 @@ def test_a_hanging_commit_hook_fails_the_commit_and_the_fire_ends(env: Env) -> N
     text = logfile.read_text()
     assert "git.commit_failed" in text and "timed out" in text
     assert not _alive(int(pidfile.read_text()))
+
+
+def test_goal_checks_are_capped_by_the_remaining_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from evolve.work.goals import Goal, GoalsFile, MeasureError, measure
+
+    monkeypatch.setattr(procgroup, "STEP_GRACE_S", 0.5)
+    slow = Goal(id="slow", description="d", check="sleep 90", weight=5)
+    gf = GoalsFile(path=tmp_path / "GOALS.yaml", era="0123456789ab", goals=(slow,), directives=(), version="2")
+
+    def run() -> object:
+        with procgroup.fire_budget(lambda: 0.0):  # out of time: an hour of goal timeouts must not count
+            return measure(tmp_path, gf, goal_timeout_s=3600, total_timeout_s=3600, parallel=1)
+
+    assert isinstance(_in_thread(run).get("error"), MeasureError)
