@@ -166,6 +166,9 @@ def _run(argv: list[str], repo: Path, env: Mapping[str, str], limit: float) -> s
         kill_group(proc.pid, grace_s=1.0, reap=proc.poll)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.communicate(timeout=5)  # a child that left the group may still hold the pipes
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
         raise GitTimeout(f"git {_verb(argv)} timed out after {limit:g}s; process group killed") from None
     except BaseException:
         kill_group(proc.pid, grace_s=1.0, reap=proc.poll)  # interrupted: git must not outlive the fire
