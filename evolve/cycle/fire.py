@@ -539,7 +539,7 @@ class Fire:
             now=now,
             heavy=reading.heavy,
             context_signal=reading.signal,
-            error_class=report.error_class,
+            error_class=extra.get("error_class") or report.error_class,  # the gate's (commit_failed) first
             percepts=tuple(report.percepts),
             has_new_work=bool(report.new_work),
             directive_era=str(item.data["era"]) if item.source == "directive" and item.data.get("era") else None,
