@@ -43,7 +43,8 @@ def test_stale_index_lock_fails_the_cycle_keeps_the_change_and_the_next_fire_com
     env.write_config(gate={"commands": [LOCK_GATE], "timeout_s": 60})
     env.queue(entry("write docs"))
     env.steps([improved_step(path="docs/a.md", content="hello\n")], loop=True)
-    r = cli("fire", "--cycles", "1")
+    r = cli("fire", "--cycles", "3")
+    assert r.code == 1 and len(env.ledger()) == 1  # the fire ends: every further cycle would fail the same way
     e = env.ledger()[-1]
     assert (e["result"], e["error_class"]) == ("failed", "commit_failed"), (r.stdout, r.stderr)
     assert "index.lock" in e["error"]
@@ -60,7 +61,7 @@ def test_stale_index_lock_fails_the_cycle_keeps_the_change_and_the_next_fire_com
     # The operator removes the lock; the next fire does the work again and commits it.
     os.unlink(env.repo / ".git" / "index.lock")
     env.write_config(gate={"commands": []})
-    cli("fire", "--cycles", "1")
+    assert cli("fire", "--cycles", "1").code == 0
     e2 = env.ledger()[-1]
     assert e2["result"] == "improved", e2
     assert git(env.repo, "rev-list", "--count", f"{start}..HEAD").strip() == "1"
@@ -98,3 +99,20 @@ def test_an_agent_cannot_claim_commit_failed() -> None:
 
     r = parse_report({"result": "failed", "error_class": "commit_failed", "error": "x"})
     assert r.error_class == "transient"  # or it would escape the attempt budget
+
+
+def test_a_change_that_cannot_be_saved_stays_in_the_tree_and_is_recorded(env: Env, fire_inproc, monkeypatch) -> None:
+    from evolve import gitops
+
+    def refuse(*_a: object, **_k: object) -> str:
+        raise gitops.GitError("git update-ref failed: read-only file system")
+
+    monkeypatch.setattr(gitops, "save_uncommitted", refuse)
+    env.write_config(gate={"commands": [LOCK_GATE], "timeout_s": 60})
+    env.queue(entry("x"))
+    env.steps([improved_step(path="c.txt", content="c\n")])
+    out = fire_inproc(cycles=1)
+    e = env.ledger()[-1]
+    assert (e["result"], e["error_class"], out.exit_code) == ("failed", "commit_failed", 1)
+    assert e["uncommitted_left_in_tree"] is True and e["uncommitted_paths"] == ["c.txt"]
+    assert (env.repo / "c.txt").read_text() == "c\n"  # never reverted when it could not be saved

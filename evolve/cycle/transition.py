@@ -46,6 +46,7 @@ class Stop(StrEnum):
     INTERRUPTED = "interrupted"
     RATE_LIMITED = "rate_limited"
     AGENT_FATAL = "agent_fatal"
+    COMMIT_FAILED = "commit_failed"  # the repo cannot take a commit: every further cycle would be wasted
     CONTEXT_HANDOFF = "context-handoff"
     BREAKER_OPEN = "breaker_open"
 
@@ -246,6 +247,8 @@ def _stop(facts: CycleFacts, streak: int, policy: Policy, breaker: Breaker | Non
         return Stop.RATE_LIMITED, exitcodes.TEMPFAIL, False
     if facts.error_class == "fatal":
         return Stop.AGENT_FATAL, exitcodes.ERROR, False
+    if facts.error_class == COMMIT_FAILED:  # the operator must fix git (evolve doctor names the cause)
+        return Stop.COMMIT_FAILED, exitcodes.ERROR, False
     if budget.handoff_due(streak, policy.streak_limit):
         return Stop.CONTEXT_HANDOFF, exitcodes.OK, True
     if breaker is Breaker.OPEN:

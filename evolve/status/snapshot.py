@@ -8,7 +8,8 @@ Health, and the exit code of ``evolve status``:
 
 - **halted** (75): a fresh KILL or STOP, DORMANT present, or an unacknowledged goal regression —
   the next fire would stop in Step 1 (decided by :func:`evolve.cycle.halt.evaluate`);
-- **degraded** (1): the failure breaker is open, the last cycle failed or crashed, a fire died
+- **degraded** (1): the failure breaker is open, the last cycle failed or crashed (a failed commit adds
+  "commit failed: <why>; <remedy>"), a fire died
   without being reconciled yet, or the config is invalid (the next fire would exit 78);
 - **healthy** (0): anything else.
 """
