@@ -116,3 +116,32 @@ def test_a_change_that_cannot_be_saved_stays_in_the_tree_and_is_recorded(env: En
     assert (e["result"], e["error_class"], out.exit_code) == ("failed", "commit_failed", 1)
     assert e["uncommitted_left_in_tree"] is True and e["uncommitted_paths"] == ["c.txt"]
     assert (env.repo / "c.txt").read_text() == "c\n"  # never reverted when it could not be saved
+
+
+def _fake_proc(root, repo, started_after_boot_s: float) -> object:
+    """A /proc with one ``git`` whose cwd is ``repo``, booted at t=1000, ticks at SC_CLK_TCK."""
+    proc = root / "proc"
+    (proc / "42").mkdir(parents=True)
+    (proc / "stat").write_text("cpu 0\nbtime 1000\n")
+    (proc / "42" / "comm").write_text("git\n")
+    (proc / "42" / "cwd").symlink_to(repo)
+    ticks = int(started_after_boot_s * os.sysconf("SC_CLK_TCK"))
+    (proc / "42" / "stat").write_text("42 (git) S " + " ".join(["0"] * 18) + f" {ticks} 0 0\n")
+    return proc
+
+
+def test_doctor_index_lock_held_by_a_running_git_is_only_a_warning(env: Env) -> None:
+    from evolve.doctor import FAIL, WARN, check_index_lock
+
+    lock = env.repo / ".git" / "index.lock"
+    lock.write_text("")
+    os.utime(lock, (5000, 5000))
+    # The git started before the lock was made: it may be the one holding it.
+    held = check_index_lock(env.repo, now=5010, proc=_fake_proc(env.root / "a", env.repo, 3000))
+    assert held is not None and held.level == WARN
+    # Every running git started after the lock, and the lock is old: nobody holds it.
+    stale = check_index_lock(env.repo, now=5000 + 3600, proc=_fake_proc(env.root / "b", env.repo, 4500))
+    assert stale is not None and stale.level == FAIL and f"rm {lock}" in stale.fix
+    assert check_index_lock(env.repo, now=5010, proc=env.root / "nowhere") is not None  # no /proc: no git seen
+    lock.unlink()
+    assert check_index_lock(env.repo) is None
