@@ -175,15 +175,17 @@ class Gate:
         repo = self.paths.repo
         try:
             ref = gitops.save_uncommitted(repo, paths, cycle, message)
-        except gitops.GitError as exc:
+        except (gitops.GitError, OSError) as exc:
             self.log.error("git.save_failed", cycle=cycle, error=str(exc)[:300])
             return {"uncommitted_paths": paths, "uncommitted_left_in_tree": True}
+        out: dict[str, Any] = {"uncommitted_ref": ref, "uncommitted_paths": paths}
+        self.log.warning("git.uncommitted_saved", cycle=cycle, ref=ref, paths=len(paths))
         try:
             gitops.restore_paths(repo, paths)
-        except gitops.GitError as exc:
+        except (gitops.GitError, OSError) as exc:
             self.log.error("git.restore_failed", cycle=cycle, error=str(exc)[:300])
-        self.log.warning("git.uncommitted_saved", cycle=cycle, ref=ref, paths=len(paths))
-        return {"uncommitted_ref": ref, "uncommitted_paths": paths}
+            out["uncommitted_left_in_tree"] = True  # saved, but also still there: say so
+        return out
 
     def _push(self) -> None:
         if not self.cfg.git.push:
