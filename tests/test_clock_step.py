@@ -168,3 +168,38 @@ def test_ticker_thread_checks_the_clock_without_a_watchdog(paused) -> None:
     ticker.join(30)
     assert after < before - dt.timedelta(minutes=29)
     assert CLOCK_CHECK_S <= 30
+
+
+# -- the real daemon under libfaketime ------------------------------------------------------------
+
+LIBFAKETIME = next(iter(sorted(Path("/usr/lib").glob("*/faketime/libfaketimeMT.so.1"))), None)
+
+
+@pytest.mark.skipif(LIBFAKETIME is None, reason="libfaketime (Debian package faketime) is not installed")
+def test_daemon_process_replans_when_its_clock_goes_back_an_hour(env) -> None:
+    from test_daemon import start_daemon
+
+    env.write_config(schedule={"cron": "*/30 * * * *"})
+    offset = env.root / "faketime"
+    offset.write_text("+0\n")
+    # The wall clock follows the file, read at every call; the monotonic clock stays real, as on a host
+    # whose clock is set. WATCHDOG_USEC without NOTIFY_SOCKET: the ticker looks every 0.2 s.
+    d = start_daemon(env, extra_env={
+        "LD_PRELOAD": str(LIBFAKETIME), "FAKETIME_TIMESTAMP_FILE": str(offset), "FAKETIME_NO_CACHE": "1",
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1", "WATCHDOG_USEC": "400000",
+    })
+    try:
+        d.wait_for(lambda ev: any(e["event"] == "daemon.ready" for e in ev))
+        offset.write_text("-1h\n")
+        d.wait_for(lambda ev: any(e["event"] == "daemon.clock_step" for e in ev), timeout=60)
+    finally:
+        code, _ = d.stop()
+    assert code == 143
+    step = d.named("daemon.clock_step")[0]
+    assert -3600 - 60 < step["step_s"] < -3600 + 60
+    (job,) = step["jobs"]
+    now = dt.datetime.fromisoformat(step["now"])
+    before, after = dt.datetime.fromisoformat(job["before"]), dt.datetime.fromisoformat(job["after"])
+    assert job["how"] == "replanned"
+    assert now <= after <= now + dt.timedelta(minutes=30)  # not an hour of silence
+    assert after < before - dt.timedelta(minutes=29)
