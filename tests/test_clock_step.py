@@ -175,19 +175,27 @@ def test_ticker_thread_checks_the_clock_without_a_watchdog(paused) -> None:
 LIBFAKETIME = next(iter(sorted(Path("/usr/lib").glob("*/faketime/libfaketimeMT.so.1"))), None)
 
 
-@pytest.mark.skipif(LIBFAKETIME is None, reason="libfaketime (Debian package faketime) is not installed")
-def test_daemon_process_replans_when_its_clock_goes_back_an_hour(env) -> None:
+def faked_daemon(env, offset: Path):
+    """``evolve daemon`` whose wall clock follows ``offset`` (read at every call); its monotonic clock
+    stays real, as on a host whose clock is set. WATCHDOG_USEC without NOTIFY_SOCKET: the ticker looks
+    every 0.2 s."""
     from test_daemon import start_daemon
 
     env.write_config(schedule={"cron": "*/30 * * * *"})
-    offset = env.root / "faketime"
     offset.write_text("+0\n")
-    # The wall clock follows the file, read at every call; the monotonic clock stays real, as on a host
-    # whose clock is set. WATCHDOG_USEC without NOTIFY_SOCKET: the ticker looks every 0.2 s.
-    d = start_daemon(env, extra_env={
+    return start_daemon(env, extra_env={
         "LD_PRELOAD": str(LIBFAKETIME), "FAKETIME_TIMESTAMP_FILE": str(offset), "FAKETIME_NO_CACHE": "1",
         "FAKETIME_DONT_FAKE_MONOTONIC": "1", "WATCHDOG_USEC": "400000",
     })
+
+
+needs_faketime = pytest.mark.skipif(LIBFAKETIME is None, reason="libfaketime (Debian package faketime) is missing")
+
+
+@needs_faketime
+def test_daemon_process_replans_when_its_clock_goes_back_an_hour(env) -> None:
+    offset = env.root / "faketime"
+    d = faked_daemon(env, offset)
     try:
         d.wait_for(lambda ev: any(e["event"] == "daemon.ready" for e in ev))
         offset.write_text("-1h\n")
@@ -203,3 +211,22 @@ def test_daemon_process_replans_when_its_clock_goes_back_an_hour(env) -> None:
     assert job["how"] == "replanned"
     assert now <= after <= now + dt.timedelta(minutes=30)  # not an hour of silence
     assert after < before - dt.timedelta(minutes=29)
+
+
+@needs_faketime
+def test_daemon_process_catches_up_once_when_its_clock_jumps_two_hours(env) -> None:
+    offset = env.root / "faketime"
+    d = faked_daemon(env, offset)
+    try:
+        d.wait_for(lambda ev: any(e["event"] == "daemon.ready" for e in ev))
+        offset.write_text("+2h\n")
+        d.wait_for(lambda ev: any(e["event"] == "daemon.fire_done" for e in ev), timeout=60)
+    finally:
+        code, _ = d.stop()
+    assert code == 143
+    (step,) = d.named("daemon.clock_step")
+    assert 7200 - 60 < step["step_s"] < 7200 + 60 and step["jobs"][0]["how"] == "catch_up"
+    # Four slots were skipped; one run stands for them all.
+    submitted = d.named("daemon.job_submitted")
+    assert submitted and len(submitted[0]["scheduled"]) == 1
+    assert submitted[0]["scheduled"][0] == step["jobs"][0]["after"]
