@@ -271,7 +271,8 @@ class Daemon:
         """READY, then WATCHDOG and STATUS every watchdog interval; on a signal, stop the scheduler.
 
         It sleeps on ``draining``, which the signal handler sets and no code of the main thread ever
-        waits on, so a signal is acted on at once and an idle daemon does not wake in between. The
+        waits on, so a signal is acted on at once; between signals it wakes every watchdog interval
+        and at least every ``check_s`` to look for a wall-clock step (:meth:`on_clock_step`). The
         handler cannot stop the scheduler itself: ``shutdown`` wakes the loop through a lock the main
         thread may be holding at that very moment.
         """
