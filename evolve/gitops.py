@@ -78,7 +78,8 @@ _PROGRAM_DEFAULTS = {"gpg.program": "gpg", "gpg.openpgp.program": "gpg", "gpg.x5
                      "gpg.ssh.program": "ssh-keygen", "core.sshcommand": "ssh", "core.pager": "cat",
                      "core.editor": "true", "sequence.editor": "true"}
 # Subcommands that may read or write work-tree content (filters, merge drivers), sign, or reach a remote.
-_CONTENT = frozenset({"add", "apply", "checkout", "commit", "push", "reset", "restore", "revert", "stash", "status"})
+_CONTENT = frozenset({"add", "apply", "checkout", "checkout-index", "commit", "commit-tree", "push", "reset",
+                      "restore", "revert", "stash", "status"})
 
 
 def git_env(policy: GitPolicy = SAFE, *, push: bool = False, source: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -376,3 +377,54 @@ def commit_message(cycle: int, target: str, result: str, cap: int = 72) -> str:
     if len(target) > cap:
         target = target[: cap - 1] + "…"
     return f"evolve: cycle {cycle} -- {target} {result}"
+
+
+UNCOMMITTED_REF = "refs/evolve/uncommitted/"
+
+
+def save_uncommitted(repo: Path, paths: Iterable[str], cycle: int, message: str) -> str:
+    """Keep ``paths`` as they are now in a commit on ``HEAD`` under ``refs/evolve/uncommitted/<cycle>``.
+
+    A scratch index (never ``.git/index``, which a stale ``index.lock`` may hold) and no signing:
+    this must work exactly when the cycle's own commit could not. Returns the ref; GitError if not.
+    """
+    import tempfile
+
+    paths = sorted(set(paths))
+    ident = _identity(repo)
+    with tempfile.TemporaryDirectory(prefix="evolve-save-") as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index"), **ident}
+        base = head(repo)
+        if base:
+            git(repo, "read-tree", base, extra_env=env)
+        git(repo, "add", "-A", "--", *paths, extra_env=env)
+        tree = git(repo, "write-tree", extra_env=env).strip()
+        parent = ["-p", base] if base else []
+        sha = git(repo, "commit-tree", tree, *parent, "-m", message, extra_env=env).strip()
+    ref = f"{UNCOMMITTED_REF}{cycle}"
+    git(repo, "update-ref", ref, sha)
+    return ref
+
+
+def restore_paths(repo: Path, paths: Iterable[str]) -> None:
+    """Put ``paths`` back as they are in HEAD (absent there: removed), through a scratch index.
+
+    The real index is then reset for them, best effort: with a stale ``index.lock`` it cannot be
+    written, but then the failed commit never staged anything either.
+    """
+    import tempfile
+
+    paths = sorted(set(paths))
+    base = head(repo)
+    with tempfile.TemporaryDirectory(prefix="evolve-restore-") as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        if base:
+            git(repo, "read-tree", base, extra_env=env)
+        known = set(git(repo, "ls-files", "-z", "--", *paths, extra_env=env).split("\0")) - {""}
+        for p in paths:
+            if p not in known and ((repo / p).is_file() or (repo / p).is_symlink()):
+                (repo / p).unlink()
+        if known:
+            git(repo, "checkout-index", "-f", "-q", "--", *sorted(known), extra_env=env)
+    if base:
+        run_git(repo, "reset", "-q", base, "--", *paths)

@@ -9,7 +9,8 @@ returns and the main thread waits a bounded grace for the fires to record ``inte
 ever calls ``shutdown(wait=True)`` (no timeout, and fatal from a job thread).
 
 Only APScheduler 3.x's public API: a :class:`BaseTrigger` subclass, job options, event listeners,
-``remove_all_jobs`` and ``shutdown(wait=False)``.
+``Job.modify`` and ``wakeup`` (re-planning after a wall-clock step), ``remove_all_jobs`` and
+``shutdown(wait=False)``.
 """
 
 from __future__ import annotations
@@ -57,6 +58,12 @@ from evolve.store.ledger import Ledger
 # SIGHUP stops the daemon as SIGTERM does, with the same 143 (see Fire._signals for why not 129).
 SIGNAL_EXIT = {signal.SIGTERM: exitcodes.SIGTERM, signal.SIGINT: exitcodes.SIGINT, signal.SIGHUP: exitcodes.SIGTERM}
 AFTER_KILL_S = 3.0  # after KILLing a late fire's agent: time for the fire to record `interrupted`
+# The scheduler sleeps on the monotonic clock until the wall time it planned, so a wall-clock step
+# leaves it asleep on a stale plan (a 1 h step back: an hour without fires). The ticker looks at least
+# this often, watchdog or not, and re-plans on a step larger than CLOCK_STEP_S.
+CLOCK_CHECK_S = 30.0
+CLOCK_STEP_S = 60.0  # NTP slews far less than this between two looks; a suspend counts as a forward step
+CRON_CORRECTION_S = 3 * 3600.0  # cron(8): a step of 3 h or more is a correction, followed by every job
 
 
 @dataclass
@@ -136,16 +143,55 @@ def stuck_after_s(cfg: config.Config) -> float:
     return bound + STUCK_GRACE_S
 
 
+class ClockWatch:
+    """Notices wall-clock steps: how much more (or less) the wall clock moved than the monotonic one."""
+
+    def __init__(self, wall: Callable[[], float], mono: Callable[[], float], threshold_s: float = CLOCK_STEP_S) -> None:
+        self.wall, self.mono, self.threshold_s = wall, mono, threshold_s
+        self._last = (wall(), mono())
+
+    def step(self) -> float:
+        """The step since the last look in seconds (negative = backward), 0.0 when within the threshold."""
+        wall, mono = self.wall(), self.mono()
+        last_wall, last_mono = self._last
+        self._last = (wall, mono)
+        delta = (wall - last_wall) - (mono - last_mono)
+        return delta if abs(delta) > self.threshold_s else 0.0
+
+
+def replan(
+    trigger: BaseTrigger, planned: dt.datetime | None, now: dt.datetime, step_s: float
+) -> tuple[dt.datetime | None, str]:
+    """A job's next run time after a wall-clock step of ``step_s`` seconds to ``now``, and why.
+
+    cron(8)'s rules, with the daemon's own catch-up: forward, a plan the step jumped over runs once,
+    now (the skipped slots coalesce into that run, as after any pause); backward, a wildcard job
+    follows the new time at once, and a fixed-time job keeps its plan (its slots in the repeated
+    interval already ran) unless the step is 3 h or more, a correction every job follows.
+    """
+    if planned is None:
+        return None, "paused"
+    if step_s > 0:
+        return (now, "catch_up") if planned <= now else (planned, "kept")
+    spec = getattr(trigger, "spec", None)
+    if spec is not None and spec.fixed_time and -step_s < CRON_CORRECTION_S:
+        return planned, "kept"
+    return trigger.get_next_fire_time(None, now), "replanned"
+
+
 @dataclass
 class Daemon:
     jobs: list[RepoJob]
     grace_s: float
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     notifier: sdnotify.Notifier = field(default_factory=sdnotify.Notifier)
-    clock: Callable[[], float] = time.monotonic  # the watchdog's clock (injected by tests)
+    wall: Callable[[], float] = time.time  # injectable, with mono, so tests can step the clock
+    mono: Callable[[], float] = time.monotonic
+    check_s: float = CLOCK_CHECK_S  # the ticker's longest sleep
 
     def __post_init__(self) -> None:
         self.log = logmod.get("evolve.daemon")
+        self.clock_watch = ClockWatch(self.wall, self.mono)
         self.stop = threading.Event()  # shared by every fire: set = interrupt the agent, record `interrupted`
         self.draining = threading.Event()
         self.force = threading.Event()
@@ -247,15 +293,16 @@ class Daemon:
         """READY, then WATCHDOG and STATUS every watchdog interval; on a signal, stop the scheduler.
 
         It sleeps on ``draining``, which the signal handler sets and no code of the main thread ever
-        waits on, so a signal is acted on at once and an idle daemon does not wake in between. The
+        waits on, so a signal is acted on at once; between signals it wakes every watchdog interval
+        and at least every ``check_s`` to look for a wall-clock step (:meth:`on_clock_step`). The
         handler cannot stop the scheduler itself: ``shutdown`` wakes the loop through a lock the main
         thread may be holding at that very moment.
         """
         try:
             if not self.draining.is_set():
                 self.ready()
-                # No watchdog: nothing to do until the signal (STATUS follows the events, see refresh_status).
-                every = self.notifier.watchdog_interval_s if self.notifier.enabled else None
+                # Every watchdog interval, and at least every CLOCK_CHECK_S to notice a clock step.
+                every = min(self.notifier.watchdog_interval_s or self.check_s, self.check_s)
                 while not self.draining.wait(every):
                     self.tick()
             self.stopping()
@@ -275,7 +322,8 @@ class Daemon:
         self.log.info("daemon.ready", notify=self.notifier.enabled)
 
     def tick(self) -> None:
-        """WATCHDOG and STATUS, the WATCHDOG only while every running fire makes progress.
+        """Re-plan after a wall-clock step; WATCHDOG and STATUS, the WATCHDOG only while every running fire
+        makes progress.
 
         The status line reads the jobs under the scheduler's job-store lock, which its loop holds while
         it works through due jobs: a loop stuck there blocks this thread, the pings stop, and systemd's
@@ -283,6 +331,9 @@ class Daemon:
         restart (its cgroup killed whole, the next fire reconciling this one) beats a daemon that
         looks alive while its repository never fires again.
         """
+        step_s = self.clock_watch.step()
+        if step_s:
+            self.on_clock_step(step_s)
         line = self.status_line()
         stuck = self.stuck_fires()
         if stuck:
@@ -293,7 +344,7 @@ class Daemon:
 
     def stuck_fires(self) -> list[str]:
         """The running fires silent for longer than their bound (each logged once per silence)."""
-        now = self.clock()
+        now = self.mono()
         with self._idle:
             silent = {name: now - last for name, (last, limit) in self._progress.items() if now - last > limit}
         for name in sorted(silent.keys() - self._stuck_logged):
@@ -306,7 +357,26 @@ class Daemon:
         """A fire on ``name`` made progress (a child's start, beat or end, a git command, a fire event)."""
         with self._idle:
             if name in self._progress:
-                self._progress[name] = (self.clock(), self._progress[name][1])
+                self._progress[name] = (self.mono(), self._progress[name][1])
+
+    def on_clock_step(self, step_s: float) -> None:
+        """Re-plan every job from the new wall time (see :func:`replan`) and wake the loop to re-sleep."""
+        sched = self._sched
+        if sched is None:
+            return
+        now = dt.datetime.fromtimestamp(self.wall(), dt.UTC)
+        plans = []
+        for job in sched.get_jobs():
+            planned = job.next_run_time
+            new, how = replan(job.trigger, planned, now, step_s)
+            if new is not None and new != planned:
+                job.modify(next_run_time=new)  # public API: updates the store and wakes a running loop
+            plans.append({"job": job.id, "how": how, "before": _iso(planned), "after": _iso(new)})
+        sched.wakeup()  # its sleep was measured on the monotonic clock against the old wall time
+        self.log.warning("daemon.clock_step", step_s=round(step_s, 3), now=_iso(now), jobs=plans)
+        for repo_job in self.jobs:
+            self.publish(repo_job)
+        self.refresh_status()
 
     def refresh_status(self) -> None:
         """STATUS right when a count or the next fire changes (sent only when the line changed)."""
@@ -359,7 +429,7 @@ class Daemon:
             cfg = config.load(job.paths.config, env)  # edits to the agent config apply at the next fire
             observers = observers_for(cfg, job.paths, env)  # journal, notifications, metrics: as `evolve fire`
             with self._idle:
-                self._progress[job.name] = (self.clock(), stuck_after_s(cfg))
+                self._progress[job.name] = (self.mono(), stuck_after_s(cfg))
             observers.append(lambda _event, _payload: self.progressed(job.name))
             with progress_hook(lambda: self.progressed(job.name)):
                 outcome = Fire(job.paths, cfg, FireOptions(), env=env, stop=self.stop, observers=observers).run()
@@ -455,3 +525,7 @@ class Daemon:
         if pgid is not None and fire is not None and fire.pid == os.getpid() and group_alive(pgid):
             return pgid
         return None
+
+
+def _iso(when: dt.datetime | None) -> str | None:
+    return when.astimezone(dt.UTC).isoformat() if when is not None else None

@@ -428,7 +428,7 @@ def test_watchdog_pings_stop_while_a_fire_is_stuck_and_resume_when_it_moves(env:
     now = [1000.0]
     notifier = Notifier({"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "1000000"})
     job = scheduler.RepoJob("repo", env.paths, parse("0 0 1 1 *"), "UTC", 0)
-    d = scheduler.Daemon([job], grace_s=1, env=env.env(), notifier=notifier, clock=lambda: now[0])
+    d = scheduler.Daemon([job], grace_s=1, env=env.env(), notifier=notifier, mono=lambda: now[0])
     logfile = env.root / "daemon-inproc.jsonl"
     fh = open(logfile, "ab")  # noqa: SIM115 - closed below
     logmod.configure(json=True, stream=fh)
@@ -468,7 +468,7 @@ def test_a_fire_that_moves_keeps_the_watchdog_fed(env: Env) -> None:
 
     now = [0.0]
     job = scheduler.RepoJob("repo", env.paths, parse("0 0 1 1 *"), "UTC", 0)
-    d = scheduler.Daemon([job], grace_s=1, env=env.env(), notifier=Notifier({}), clock=lambda: now[0])
+    d = scheduler.Daemon([job], grace_s=1, env=env.env(), notifier=Notifier({}), mono=lambda: now[0])
     d._progress["repo"] = (0.0, 100.0)
     now[0] = 150.0
     assert d.stuck_fires() == ["repo"]
