@@ -106,6 +106,7 @@ class GitConfig:
     push: bool = False
     run_hooks: bool = False  # evolve's own git runs the repo's hooks (still with the minimal env)
     sign: bool = False  # evolve's commits are signed (gpg gets GNUPGHOME, GPG_TTY, SSH_AUTH_SOCK)
+    timeout_s: float = 300  # one git command's limit (also capped by the fire's remaining max_minutes)
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,19 @@ class NotifyConfig:
     command: list[str] = field(default_factory=list)
     timeout_s: float = 10
     pass_env: list[str] = field(default_factory=list)  # extra env names for the notify command
+
+
+@dataclass(frozen=True)
+class RetentionConfig:
+    """What evolve keeps of its own logs (applied at the end of every fire): sizes in MB, ages in days; 0 = no limit."""
+
+    run_log_max_mb: float = 50  # one run log: beyond this only its head and tail are kept, while written
+    runs_max_age_days: float = 30
+    runs_max_total_mb: float = 500
+    fires_max_mb: float = 10  # fires.jsonl: the newest lines are kept
+    cron_log_max_mb: float = 10  # cron.log: the newest lines are kept
+    baselines_max_age_days: float = 90  # fitness-baselines/
+    baselines_max_count: int = 200
 
 
 @dataclass(frozen=True)
@@ -142,6 +156,7 @@ class Config:
     halt: HaltConfig = field(default_factory=HaltConfig)
     notify: NotifyConfig = field(default_factory=NotifyConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
 
 
 SECTIONS: dict[str, type] = typing.get_type_hints(Config)
@@ -181,6 +196,14 @@ RANGES: dict[tuple[str, str], tuple[float, float]] = {
     ("notify", "timeout_s"): (0.1, 3600),
     ("schedule", "jitter_s"): (0, 1 << 30),
     ("daemon", "grace_s"): (0, 3600),
+    ("git", "timeout_s"): (0.1, 1 << 30),
+    ("retention", "run_log_max_mb"): (0, 1 << 30),
+    ("retention", "runs_max_age_days"): (0, 1 << 30),
+    ("retention", "runs_max_total_mb"): (0, 1 << 30),
+    ("retention", "fires_max_mb"): (0, 1 << 30),
+    ("retention", "cron_log_max_mb"): (0, 1 << 30),
+    ("retention", "baselines_max_age_days"): (0, 1 << 30),
+    ("retention", "baselines_max_count"): (0, 1 << 30),
 }
 LEGACY_ENV: dict[str, tuple[str, str]] = {
     "EVOLVE_CONTEXT_STREAK_LIMIT": ("context", "streak_limit"),

@@ -79,6 +79,8 @@ TEMPLATE = """\
 # push = false
 # run_hooks = false          # true: evolve's own git runs the repo's hooks (never with evolve's secrets)
 # sign = false               # true: evolve's commits are signed (gpg gets GNUPGHOME, GPG_TTY, SSH_AUTH_SOCK)
+# timeout_s = 300            # one git command's limit, also capped by what is left of [fire] max_minutes;
+#                            # a git command that times out fails its step (its process group is killed)
 
 [halt]
 # kill_ttl_days = 7          # hand-written KILL/STOP older than this are ignored (evolve stop/kill: no TTL)
@@ -91,6 +93,16 @@ TEMPLATE = """\
 #                            # the event is JSON on its stdin; best effort, never changes the exit code
 # timeout_s = 10             # the notify command's process group is killed after this long
 # pass_env = []              # extra env names for the notify command (e.g. a webhook URL variable)
+
+[retention]
+# Applied at the end of every fire to evolve's own files under .agents/evolve/; 0 = no limit.
+# run_log_max_mb = 50        # one run log: past this, its head and tail are kept (capped while written)
+# runs_max_age_days = 30     # runs/: logs older than this are removed
+# runs_max_total_mb = 500    # runs/: oldest logs removed until the directory is under this
+# fires_max_mb = 10          # fires.jsonl: the newest lines are kept
+# cron_log_max_mb = 10       # cron.log: the newest lines are kept
+# baselines_max_age_days = 90  # fitness-baselines/: older snapshots are removed
+# baselines_max_count = 200  # fitness-baselines/: the newest this many are kept
 
 [metrics]
 # textfile_dir = ""          # node_exporter textfile dir: evolve.prom is rewritten atomically after every fire

@@ -52,6 +52,9 @@ class CronSpec:
     weekdays: tuple[int, ...]  # 0 = Sunday
     day_star: bool  # the day-of-month field started with '*'
     weekday_star: bool
+    # cron(8)'s fixed-time job: no seconds, minute or hour field starts with '*' (so not @hourly). On a
+    # backward clock step under 3 h it is not re-run in the repeated interval (the daemon, §12.6).
+    fixed_time: bool = False
 
     @property
     def either_day(self) -> bool:
@@ -120,7 +123,8 @@ def parse(expr: str) -> CronSpec:
     elif len(fields) != 6:
         raise ValueError(f"expected 5 fields (or 6 with seconds first), got {len(fields)}")
     values = [_field(f, name, lo, hi, names) for f, (name, lo, hi, names) in zip(fields, FIELDS, strict=True)]
-    spec = CronSpec(expr, *values, day_star=fields[3].startswith("*"), weekday_star=fields[5].startswith("*"))
+    spec = CronSpec(expr, *values, day_star=fields[3].startswith("*"), weekday_star=fields[5].startswith("*"),
+                    fixed_time=not any(f.startswith("*") for f in fields[:3]))
     if next_times(spec, dt.datetime(2000, 1, 1, tzinfo=dt.UTC), 1, max_days=366 * 8) == []:
         raise ValueError(f"{expr!r} never fires (no such day)")
     return spec

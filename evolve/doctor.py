@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -312,16 +313,64 @@ def check_schedule(paths: Any, env: Mapping[str, str]) -> Finding:
 
 def _git(repo: Path, *args: str) -> tuple[int | None, str, str]:
     """(exit code or None, first output line, stdout) of evolve's own git (gitops.run_git: no hooks, no fsmonitor)."""
-    from evolve.gitops import run_git
+    from evolve.gitops import GitTimeout, run_git
 
     try:
         p = run_git(repo, *args, timeout=10)
-    except subprocess.TimeoutExpired:
+    except GitTimeout:
         return None, "timed out after 10s", ""
     except OSError as exc:
         return None, str(exc), ""
     out = (p.stdout.strip() or p.stderr.strip()).splitlines()
     return p.returncode, out[0][:200] if out else "", p.stdout
+
+
+LOCK_STALE_S = 600.0  # a git holding index.lock this long with no git process left is gone, not slow
+
+
+def _git_processes(repo: Path, proc: Path = Path("/proc")) -> list[float]:
+    """Start times (epoch s) of running ``git`` processes whose cwd is inside ``repo``."""
+    try:
+        btime = next(float(ln.split()[1]) for ln in (proc / "stat").read_text().splitlines() if ln.startswith("btime"))
+        hz = os.sysconf("SC_CLK_TCK")
+    except (OSError, StopIteration, ValueError):
+        return []
+    top, out = repo.resolve(), []
+    for d in proc.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if (d / "comm").read_text().strip() != "git":
+                continue
+            cwd = Path(os.readlink(d / "cwd"))
+            if cwd != top and top not in cwd.parents:
+                continue
+            ticks = float((d / "stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22: starttime
+        except (OSError, ValueError, IndexError):
+            continue  # gone, or not ours to read
+        out.append(btime + ticks / hz)
+    return out
+
+
+def check_index_lock(repo: Path, now: float | None = None, proc: Path = Path("/proc")) -> Finding | None:
+    """A leftover ``index.lock`` (a killed git) makes every commit fail: name it and the fix (issue 15)."""
+    code, first, _ = _git(repo, "rev-parse", "--git-path", "index.lock")
+    if code != 0 or not first:
+        return None
+    lock = Path(first) if Path(first).is_absolute() else repo / first
+    try:
+        mtime = lock.stat().st_mtime
+    except OSError:
+        return None
+    age = (time.time() if now is None else now) - mtime
+    starts = _git_processes(repo, proc)
+    # Stale: no git runs in the repo, or every one that runs started after the lock was made.
+    if not starts or (min(starts) > mtime and age > LOCK_STALE_S):
+        return Finding("git", FAIL, f"{lock} exists ({age:.0f}s old) and no git process holds it: "
+                       "every commit fails (the last cycle is `failed`, error_class commit_failed)",
+                       f"remove it with `rm {lock}` after checking no git is running")
+    return Finding("git", WARN, f"{lock} exists ({age:.0f}s old) with git running in the repo",
+                   f"if it is still there when no git runs, remove it with `rm {lock}`")
 
 
 def check_git(repo: Path, env: Mapping[str, str]) -> list[Finding]:
@@ -333,6 +382,9 @@ def check_git(repo: Path, env: Mapping[str, str]) -> list[Finding]:
     code, _, _ = _git(repo, "rev-parse", "--verify", "-q", "HEAD")
     if code != 0:
         out.append(Finding("git", WARN, "no commits yet", "make a first commit: evolve reverts and diffs against HEAD"))
+    lock = check_index_lock(repo)
+    if lock is not None:
+        out.append(lock)
     _, _, status = _git(repo, "status", "--porcelain", "--untracked-files=no")
     dirty = [ln for ln in status.splitlines() if ln.strip()]
     if dirty:

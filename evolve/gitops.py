@@ -11,6 +11,7 @@ too) imports this module for :func:`git_toplevel`, which usually needs no git pr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -31,6 +32,13 @@ class GitError(Exception):
     pass
 
 
+class GitTimeout(GitError):
+    """A git command ran past its limit (``[git] timeout_s`` or the fire's budget); its group was killed."""
+
+
+DEFAULT_TIMEOUT_S = 300.0  # [git] timeout_s; the limit of every git command that names none
+
+
 @dataclass(frozen=True)
 class GitPolicy:
     """What evolve's own git may run: the operator opts in to hooks and signing (``[git]``).
@@ -40,6 +48,7 @@ class GitPolicy:
 
     run_hooks: bool = False
     sign: bool = False
+    timeout_s: float = DEFAULT_TIMEOUT_S
 
 
 SAFE = GitPolicy()
@@ -69,7 +78,8 @@ _PROGRAM_DEFAULTS = {"gpg.program": "gpg", "gpg.openpgp.program": "gpg", "gpg.x5
                      "gpg.ssh.program": "ssh-keygen", "core.sshcommand": "ssh", "core.pager": "cat",
                      "core.editor": "true", "sequence.editor": "true"}
 # Subcommands that may read or write work-tree content (filters, merge drivers), sign, or reach a remote.
-_CONTENT = frozenset({"add", "apply", "checkout", "commit", "push", "reset", "restore", "revert", "stash", "status"})
+_CONTENT = frozenset({"add", "apply", "checkout", "checkout-index", "commit", "commit-tree", "push", "reset",
+                      "restore", "revert", "stash", "status"})
 
 
 def git_env(policy: GitPolicy = SAFE, *, push: bool = False, source: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -91,19 +101,15 @@ def _config_args(policy: GitPolicy) -> list[str]:
     return [arg for kv in out for arg in ("-c", kv)]
 
 
-def _repo_program_overrides(repo: Path, env: Mapping[str, str]) -> list[str]:
+def _repo_program_overrides(repo: Path, env: Mapping[str, str], timeout: float = DEFAULT_TIMEOUT_S) -> list[str]:
     """``-c`` pins for program-valued keys set by the repository's own (local/worktree) config.
 
     The agent can write ``.git/config``: a ``filter.x.clean`` there (with a ``.gitattributes`` line)
     would run on ``git add``. Each such key is pinned to the operator's value from the system or
     global config, or to empty, which git reads as "no program". (Git LFS set up globally still works.)
     """
-    import subprocess
-
-    proc = subprocess.run(
-        ["git", "config", "--show-scope", "-z", "--get-regexp", _PROGRAM_KEYS.pattern],
-        cwd=repo, capture_output=True, text=True, env=dict(env), check=False,
-    )
+    proc = _run(["git", "config", "--show-scope", "-z", "--get-regexp", _PROGRAM_KEYS.pattern],
+                repo, env, timeout)
     operator: dict[str, str] = {}
     local: set[str] = set()
     fields = proc.stdout.split("\0")
@@ -131,18 +137,55 @@ def run_git(
 
     Hooks and fsmonitor are off unless ``policy.run_hooks``; signing is off unless ``policy.sign``;
     program-valued keys from the repository's own config are pinned; the environment is
-    :func:`git_env`. Raises OSError when git cannot start and TimeoutExpired after ``timeout``.
+    :func:`git_env`. Git runs in its own process group (a hook's children too) under
+    ``min(timeout, policy.timeout_s)``, also capped by the running fire's remaining budget
+    (:func:`evolve.procgroup.capped`). Raises OSError when git cannot start and GitTimeout (a
+    GitError) when the limit passes: the group is killed and the caller's step fails.
     """
-    import subprocess
+    from evolve.procgroup import capped
 
+    limit = capped(min(timeout or policy.timeout_s, policy.timeout_s))
     push = bool(args) and args[0] == "push"
     env = git_env(policy, push=push)
     if extra_env:
         env.update(extra_env)
-    pins = _repo_program_overrides(repo, env) if args and args[0] in _CONTENT else []
+    pins = _repo_program_overrides(repo, env, limit) if args and args[0] in _CONTENT else []
     argv = ["git", "--no-pager", *_config_args(policy), *pins, *args]
-    return subprocess.run(argv, cwd=repo, capture_output=True, text=True, env=env, timeout=timeout,
-                          stdin=subprocess.DEVNULL, check=False)
+    return _run(argv, repo, env, limit)
+
+
+def _run(argv: list[str], repo: Path, env: Mapping[str, str], limit: float) -> subprocess.CompletedProcess[str]:
+    """One git process in its own group, killed whole (hooks, their children) after ``limit`` seconds."""
+    import subprocess
+
+    from evolve.procgroup import kill_group, progressed, spawn
+
+    proc = spawn(argv, cwd=repo, env=env)
+    try:
+        out, err = proc.communicate(timeout=limit or None)
+    except subprocess.TimeoutExpired:
+        kill_group(proc.pid, grace_s=1.0, reap=proc.poll)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.communicate(timeout=5)  # a child that left the group may still hold the pipes
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        raise GitTimeout(f"git {_verb(argv)} timed out after {limit:g}s; process group killed") from None
+    except BaseException:
+        kill_group(proc.pid, grace_s=1.0, reap=proc.poll)  # interrupted: git must not outlive the fire
+        raise
+    progressed()  # a finished git command is a step of the fire done (the daemon's watchdog)
+    # surrogateescape: a path that is not UTF-8 survives the round trip back into an argv.
+    return subprocess.CompletedProcess(argv, proc.returncode, out.decode("utf-8", "surrogateescape"),
+                                       err.decode("utf-8", "replace"))
+
+
+def _verb(argv: list[str]) -> str:
+    """The subcommand of a git argv (after ``--no-pager`` and the ``-c`` pins), for an error message."""
+    i = 1
+    while i < len(argv) and argv[i].startswith("-"):
+        i += 2 if argv[i] == "-c" else 1
+    return argv[i] if i < len(argv) else "git"
 
 
 def _identity(repo: Path) -> dict[str, str]:
@@ -334,3 +377,54 @@ def commit_message(cycle: int, target: str, result: str, cap: int = 72) -> str:
     if len(target) > cap:
         target = target[: cap - 1] + "…"
     return f"evolve: cycle {cycle} -- {target} {result}"
+
+
+UNCOMMITTED_REF = "refs/evolve/uncommitted/"
+
+
+def save_uncommitted(repo: Path, paths: Iterable[str], cycle: int, message: str) -> str:
+    """Keep ``paths`` as they are now in a commit on ``HEAD`` under ``refs/evolve/uncommitted/<cycle>``.
+
+    A scratch index (never ``.git/index``, which a stale ``index.lock`` may hold) and no signing:
+    this must work exactly when the cycle's own commit could not. Returns the ref; GitError if not.
+    """
+    import tempfile
+
+    paths = sorted(set(paths))
+    ident = _identity(repo)
+    with tempfile.TemporaryDirectory(prefix="evolve-save-") as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index"), **ident}
+        base = head(repo)
+        if base:
+            git(repo, "read-tree", base, extra_env=env)
+        git(repo, "add", "-A", "--", *paths, extra_env=env)
+        tree = git(repo, "write-tree", extra_env=env).strip()
+        parent = ["-p", base] if base else []
+        sha = git(repo, "commit-tree", tree, *parent, "-m", message, extra_env=env).strip()
+    ref = f"{UNCOMMITTED_REF}{cycle}"
+    git(repo, "update-ref", ref, sha)
+    return ref
+
+
+def restore_paths(repo: Path, paths: Iterable[str]) -> None:
+    """Put ``paths`` back as they are in HEAD (absent there: removed), through a scratch index.
+
+    The real index is then reset for them, best effort: with a stale ``index.lock`` it cannot be
+    written, but then the failed commit never staged anything either.
+    """
+    import tempfile
+
+    paths = sorted(set(paths))
+    base = head(repo)
+    with tempfile.TemporaryDirectory(prefix="evolve-restore-") as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        if base:
+            git(repo, "read-tree", base, extra_env=env)
+        known = set(git(repo, "ls-files", "-z", "--", *paths, extra_env=env).split("\0")) - {""}
+        for p in paths:
+            if p not in known and ((repo / p).is_file() or (repo / p).is_symlink()):
+                (repo / p).unlink()
+        if known:
+            git(repo, "checkout-index", "-f", "-q", "--", *sorted(known), extra_env=env)
+    if base:
+        run_git(repo, "reset", "-q", base, "--", *paths)

@@ -14,6 +14,7 @@ The process layer (docs/DESIGN.md §13): above ``store`` (run logs are opened th
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import selectors
 import signal
@@ -22,7 +23,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +165,57 @@ def kill_group(pgid: int, grace_s: float = GRACE_S, reap: Callable[[], object] |
             os.killpg(pgid, signal.SIGKILL)
 
 
+STEP_GRACE_S = 60.0  # a step started near the end of a fire's budget still gets this long (a commit, a report)
+# What is left of the running fire's budget (``fire.max_minutes``): every child started in this
+# context gets no more than that plus STEP_GRACE_S, whatever its own timeout says (docs/DESIGN.md §12).
+_REMAINING: contextvars.ContextVar[Callable[[], float] | None] = contextvars.ContextVar(
+    "evolve_remaining", default=None
+)
+# The fire's ``[retention] run_log_max_mb``, in bytes (0 = none): the size a run log is kept under.
+_LOG_CAP: contextvars.ContextVar[int] = contextvars.ContextVar("evolve_log_cap", default=0)
+# Told whenever a child starts, beats (every Limits.heartbeat_s) or ends: the daemon's watchdog
+# pings only while its fires make progress (docs/DESIGN.md §12).
+_PROGRESS: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar("evolve_progress", default=None)
+
+
+@contextlib.contextmanager
+def progress_hook(hook: Callable[[], None]) -> Iterator[None]:
+    """Call ``hook`` (cheap, never raising) at every start, heartbeat and end of a child run in this context."""
+    token = _PROGRESS.set(hook)
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
+
+
+def progressed() -> None:
+    """Report progress to the context's hook, if any."""
+    hook = _PROGRESS.get()
+    if hook is not None:
+        hook()
+
+
+@contextlib.contextmanager
+def fire_budget(remaining: Callable[[], float], *, log_max_bytes: int = 0) -> Iterator[None]:
+    """Cap every child started in this context (this thread) by ``remaining()`` seconds plus the grace,
+    and every run log it writes (:attr:`Limits.log_max_bytes` None) at ``log_max_bytes``."""
+    tokens = (_REMAINING.set(remaining), _LOG_CAP.set(log_max_bytes))
+    try:
+        yield
+    finally:
+        _LOG_CAP.reset(tokens[1])
+        _REMAINING.reset(tokens[0])
+
+
+def capped(timeout_s: float | None) -> float:
+    """``timeout_s`` (0 or None = none) limited by the fire's remaining budget; 0 when nothing limits it."""
+    limit = timeout_s or float("inf")
+    remaining = _REMAINING.get()
+    if remaining is not None:
+        limit = min(limit, max(remaining(), 0.0) + STEP_GRACE_S)
+    return 0.0 if limit == float("inf") else limit
+
+
 @dataclass(frozen=True)
 class Limits:
     """How long a child may run and how it is stopped: one value, so every caller states them together."""
@@ -173,6 +225,52 @@ class Limits:
     grace_s: float = GRACE_S  # TERM → KILL
     heartbeat_s: float = 30.0
     tail_bytes: int = 16 * 1024  # of the output kept in ProcessResult.output_tail
+    log_max_bytes: int | None = None  # the log's size cap (CappedLog); None = the fire's, 0 = none
+
+
+class CappedLog:
+    """A run log that never grows past ``max_bytes``: its head is kept, and after it the newest output.
+
+    One runaway cycle once wrote a 1 GB log. When a write would cross the cap the file is cut back
+    to its head (half the cap), a marker line says so, and the newest output (up to a quarter of the
+    cap, at most 1 MiB, kept in memory) follows; appends go on from there. The file stays readable
+    while written (``tail -f``), and no more than the cap is ever on disk.
+    """
+
+    def __init__(self, fh: Any, max_bytes: int) -> None:
+        self.fh = fh
+        self.max = max_bytes
+        self.size = os.fstat(fh.fileno()).st_size  # appending to a log an earlier run began
+        self.keep = min(max_bytes // 4, 1 << 20)
+        self.recent = bytearray()
+        self.head_end: int | None = None  # where the kept head (and its marker) ends, once cut
+
+    def write(self, data: bytes) -> None:
+        self.recent += data
+        if len(self.recent) > self.keep:
+            del self.recent[: len(self.recent) - self.keep]
+        if self.size + len(data) <= self.max:
+            self.fh.write(data)
+            self.size += len(data)
+            return
+        self.fh.flush()
+        if self.head_end is None:
+            head = min(self.size, self.max // 2)
+            mark = f"\n[evolve: output cut here; this log keeps its first {head} bytes and the newest]\n".encode()
+            os.ftruncate(self.fh.fileno(), head)
+            self.fh.write(mark)  # O_APPEND: lands at the new end
+            self.head_end = head + len(mark)
+        else:
+            os.ftruncate(self.fh.fileno(), self.head_end)
+        self.fh.write(bytes(self.recent))  # the newest output, this write's included
+        self.fh.flush()
+        self.size = self.head_end + len(self.recent)
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+    def close(self) -> None:
+        self.fh.close()
 
 
 def spawn(
@@ -296,9 +394,11 @@ def _watch(
                 return "idle", False
             if stop is not None and stop.is_set():
                 return None, True
-            if on_heartbeat and now >= next_beat:
+            if now >= next_beat:
                 next_beat = now + limits.heartbeat_s
-                on_heartbeat(now - start)
+                progressed()  # the watch is alive, and the child bounded by its (capped) timeout
+                if on_heartbeat:
+                    on_heartbeat(now - start)
             if eof:
                 if proc.poll() is not None:
                     return None, False
@@ -333,10 +433,15 @@ def run_group(
     Stdout (and stderr, unless ``stderr_path``) is kept as a tail and written, redacted, to ``log_path``.
     """
     start = time.monotonic()
+    limits = replace(limits, timeout_s=capped(limits.timeout_s))  # no child outlives the fire's budget
     # Agent output: owner-only, and never written through a symlink planted in the runs directory.
-    log = os.fdopen(open_artifact(log_path), "ab") if log_path else None
+    log: Any = os.fdopen(open_artifact(log_path), "ab") if log_path else None
+    cap = _LOG_CAP.get() if limits.log_max_bytes is None else limits.log_max_bytes
+    if log is not None and cap > 0:
+        log = CappedLog(log, cap)
     proc = _start(argv, cwd, env, log, stderr_path, stdin_path)
     pgid = proc.pid  # start_new_session: the child leads its own group
+    progressed()
     if on_start:
         on_start(pgid)
     out = _Output(log, limits.tail_bytes, redactor or current(), on_output)
@@ -359,6 +464,7 @@ def run_group(
                 os.killpg(pgid, signal.SIGKILL)
             proc.wait()
         out.close()
+        progressed()
     return ProcessResult(
         returncode=proc.returncode,
         timed_out=timed_out,
@@ -382,7 +488,8 @@ def run_capture(argv: list[str], *, cwd: Path, env: Mapping[str, str], timeout_s
                 argv,
                 cwd=cwd,
                 env=env,
-                limits=Limits(timeout_s=timeout_s, grace_s=1.0, tail_bytes=0),
+                # Never capped: a probe's output is parsed whole (a cut JSON list is no list).
+                limits=Limits(timeout_s=timeout_s, grace_s=1.0, tail_bytes=0, log_max_bytes=0),
                 log_path=out,
                 stderr_path=err,
             )

@@ -41,3 +41,8 @@ PRODUCTIVE: frozenset[str] = frozenset({CycleResult.IMPROVED, CycleResult.REGRES
 FAILURES: frozenset[str] = frozenset({CycleResult.FAILED, CycleResult.CRASHED})
 # A cycle that ended without its work standing ("last success" skips these).
 UNSUCCESSFUL: frozenset[str] = FAILURES | {CycleResult.INTERRUPTED, CycleResult.REGRESSED}
+
+# An ``error_class`` evolve itself sets, never one an agent may report (agent.report.ERROR_CLASSES):
+# the gate could not commit a green change (issue 15). The cycle is ``failed``, the item released and
+# not charged an attempt (the repo, not the item, is at fault); it does count for the breaker.
+COMMIT_FAILED = "commit_failed"

@@ -9,7 +9,8 @@ returns and the main thread waits a bounded grace for the fires to record ``inte
 ever calls ``shutdown(wait=True)`` (no timeout, and fatal from a job thread).
 
 Only APScheduler 3.x's public API: a :class:`BaseTrigger` subclass, job options, event listeners,
-``remove_all_jobs`` and ``shutdown(wait=False)``.
+``Job.modify`` and ``wakeup`` (re-planning after a wall-clock step), ``remove_all_jobs`` and
+``shutdown(wait=False)``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -49,7 +50,7 @@ from evolve.cronexpr import CronSpec, max_interval_s, next_times
 from evolve.cycle.fire import Fire, FireOptions
 from evolve.notify import observers_for
 from evolve.paths import Paths
-from evolve.procgroup import group_alive, stop_signals
+from evolve.procgroup import group_alive, progress_hook, stop_signals
 from evolve.status import publish_daemon
 from evolve.store import session_state
 from evolve.store.ledger import Ledger
@@ -57,6 +58,12 @@ from evolve.store.ledger import Ledger
 # SIGHUP stops the daemon as SIGTERM does, with the same 143 (see Fire._signals for why not 129).
 SIGNAL_EXIT = {signal.SIGTERM: exitcodes.SIGTERM, signal.SIGINT: exitcodes.SIGINT, signal.SIGHUP: exitcodes.SIGTERM}
 AFTER_KILL_S = 3.0  # after KILLing a late fire's agent: time for the fire to record `interrupted`
+# The scheduler sleeps on the monotonic clock until the wall time it planned, so a wall-clock step
+# leaves it asleep on a stale plan (a 1 h step back: an hour without fires). The ticker looks at least
+# this often, watchdog or not, and re-plans on a step larger than CLOCK_STEP_S.
+CLOCK_CHECK_S = 30.0
+CLOCK_STEP_S = 60.0  # NTP slews far less than this between two looks; a suspend counts as a forward step
+CRON_CORRECTION_S = 3 * 3600.0  # cron(8): a step of 3 h or more is a correction, followed by every job
 
 
 @dataclass
@@ -117,15 +124,74 @@ class SpecTrigger(BaseTrigger):
         return f"<SpecTrigger {self.spec.expr!r} {self.timezone.key} jitter_s={self.jitter_s}>"
 
 
+STUCK_GRACE_S = 600.0  # beyond a fire's own bound, before its silence means it is stuck
+
+
+def stuck_after_s(cfg: config.Config) -> float:
+    """How long a fire may go without progress before the watchdog gives up on it.
+
+    Every step is capped by what is left of ``fire.max_minutes`` (plus a grace), and progress is
+    reported at every child's start, heartbeat and end, every git command and every fire event: a
+    fire silent for longer than its whole budget plus a grace is stuck somewhere nothing bounds.
+    Without ``max_minutes``, the longest single step any timeout allows stands in for the budget.
+    """
+    if cfg.fire.max_minutes:
+        bound = cfg.fire.max_minutes * 60
+    else:
+        bound = max(cfg.agent.timeout_s, cfg.gate.timeout_s, cfg.work.goals_timeout_s, cfg.git.timeout_s,
+                    cfg.halt.timeout_s, cfg.notify.timeout_s)
+    return bound + STUCK_GRACE_S
+
+
+class ClockWatch:
+    """Notices wall-clock steps: how much more (or less) the wall clock moved than the monotonic one."""
+
+    def __init__(self, wall: Callable[[], float], mono: Callable[[], float], threshold_s: float = CLOCK_STEP_S) -> None:
+        self.wall, self.mono, self.threshold_s = wall, mono, threshold_s
+        self._last = (wall(), mono())
+
+    def step(self) -> float:
+        """The step since the last look in seconds (negative = backward), 0.0 when within the threshold."""
+        wall, mono = self.wall(), self.mono()
+        last_wall, last_mono = self._last
+        self._last = (wall, mono)
+        delta = (wall - last_wall) - (mono - last_mono)
+        return delta if abs(delta) > self.threshold_s else 0.0
+
+
+def replan(
+    trigger: BaseTrigger, planned: dt.datetime | None, now: dt.datetime, step_s: float
+) -> tuple[dt.datetime | None, str]:
+    """A job's next run time after a wall-clock step of ``step_s`` seconds to ``now``, and why.
+
+    cron(8)'s rules, with the daemon's own catch-up: forward, a plan the step jumped over runs once,
+    now (the skipped slots coalesce into that run, as after any pause); backward, a wildcard job
+    follows the new time at once, and a fixed-time job keeps its plan (its slots in the repeated
+    interval already ran) unless the step is 3 h or more, a correction every job follows.
+    """
+    if planned is None:
+        return None, "paused"
+    if step_s > 0:
+        return (now, "catch_up") if planned <= now else (planned, "kept")
+    spec = getattr(trigger, "spec", None)
+    if spec is not None and spec.fixed_time and -step_s < CRON_CORRECTION_S:
+        return planned, "kept"
+    return trigger.get_next_fire_time(None, now), "replanned"
+
+
 @dataclass
 class Daemon:
     jobs: list[RepoJob]
     grace_s: float
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     notifier: sdnotify.Notifier = field(default_factory=sdnotify.Notifier)
+    wall: Callable[[], float] = time.time  # injectable, with mono, so tests can step the clock
+    mono: Callable[[], float] = time.monotonic
+    check_s: float = CLOCK_CHECK_S  # the ticker's longest sleep
 
     def __post_init__(self) -> None:
         self.log = logmod.get("evolve.daemon")
+        self.clock_watch = ClockWatch(self.wall, self.mono)
         self.stop = threading.Event()  # shared by every fire: set = interrupt the agent, record `interrupted`
         self.draining = threading.Event()
         self.force = threading.Event()
@@ -138,6 +204,9 @@ class Daemon:
         self._ready_sent = False
         self._ticker_error: BaseException | None = None
         self._sched: BlockingScheduler | None = None
+        # Each running fire's last progress and how long it may go without any (the watchdog's view).
+        self._progress: dict[str, tuple[float, float]] = {}
+        self._stuck_logged: set[str] = set()
 
     # -- start ------------------------------------------------------------------------------
 
@@ -224,15 +293,16 @@ class Daemon:
         """READY, then WATCHDOG and STATUS every watchdog interval; on a signal, stop the scheduler.
 
         It sleeps on ``draining``, which the signal handler sets and no code of the main thread ever
-        waits on, so a signal is acted on at once and an idle daemon does not wake in between. The
+        waits on, so a signal is acted on at once; between signals it wakes every watchdog interval
+        and at least every ``check_s`` to look for a wall-clock step (:meth:`on_clock_step`). The
         handler cannot stop the scheduler itself: ``shutdown`` wakes the loop through a lock the main
         thread may be holding at that very moment.
         """
         try:
             if not self.draining.is_set():
                 self.ready()
-                # No watchdog: nothing to do until the signal (STATUS follows the events, see refresh_status).
-                every = self.notifier.watchdog_interval_s if self.notifier.enabled else None
+                # Every watchdog interval, and at least every CLOCK_CHECK_S to notice a clock step.
+                every = min(self.notifier.watchdog_interval_s or self.check_s, self.check_s)
                 while not self.draining.wait(every):
                     self.tick()
             self.stopping()
@@ -252,15 +322,61 @@ class Daemon:
         self.log.info("daemon.ready", notify=self.notifier.enabled)
 
     def tick(self) -> None:
-        """WATCHDOG and STATUS.
+        """Re-plan after a wall-clock step; WATCHDOG and STATUS, the WATCHDOG only while every running fire
+        makes progress.
 
         The status line reads the jobs under the scheduler's job-store lock, which its loop holds while
         it works through due jobs: a loop stuck there blocks this thread, the pings stop, and systemd's
-        watchdog restarts the daemon.
+        watchdog restarts the daemon. A fire silent past :func:`stuck_after_s` stops them too: a
+        restart (its cgroup killed whole, the next fire reconciling this one) beats a daemon that
+        looks alive while its repository never fires again.
         """
+        step_s = self.clock_watch.step()
+        if step_s:
+            self.on_clock_step(step_s)
         line = self.status_line()
+        stuck = self.stuck_fires()
+        if stuck:
+            self.notifier.status(f"stuck: {', '.join(stuck)}; watchdog pings stopped; {line}")
+            return
         self.notifier.watchdog()
         self.notifier.status(line)
+
+    def stuck_fires(self) -> list[str]:
+        """The running fires silent for longer than their bound (each logged once per silence)."""
+        now = self.mono()
+        with self._idle:
+            silent = {name: now - last for name, (last, limit) in self._progress.items() if now - last > limit}
+        for name in sorted(silent.keys() - self._stuck_logged):
+            self.log.error("daemon.fire_stuck", job=name, silent_s=round(silent[name], 1),
+                           action="watchdog pings stopped: systemd restarts the daemon")
+        self._stuck_logged = set(silent)
+        return sorted(silent)
+
+    def progressed(self, name: str) -> None:
+        """A fire on ``name`` made progress (a child's start, beat or end, a git command, a fire event)."""
+        with self._idle:
+            if name in self._progress:
+                self._progress[name] = (self.mono(), self._progress[name][1])
+
+    def on_clock_step(self, step_s: float) -> None:
+        """Re-plan every job from the new wall time (see :func:`replan`) and wake the loop to re-sleep."""
+        sched = self._sched
+        if sched is None:
+            return
+        now = dt.datetime.fromtimestamp(self.wall(), dt.UTC)
+        plans = []
+        for job in sched.get_jobs():
+            planned = job.next_run_time
+            new, how = replan(job.trigger, planned, now, step_s)
+            if new is not None and new != planned:
+                job.modify(next_run_time=new)  # public API: updates the store and wakes a running loop
+            plans.append({"job": job.id, "how": how, "before": _iso(planned), "after": _iso(new)})
+        sched.wakeup()  # its sleep was measured on the monotonic clock against the old wall time
+        self.log.warning("daemon.clock_step", step_s=round(step_s, 3), now=_iso(now), jobs=plans)
+        for repo_job in self.jobs:
+            self.publish(repo_job)
+        self.refresh_status()
 
     def refresh_status(self) -> None:
         """STATUS right when a count or the next fire changes (sent only when the line changed)."""
@@ -312,7 +428,11 @@ class Daemon:
             env = sdnotify.child_env(self.env)
             cfg = config.load(job.paths.config, env)  # edits to the agent config apply at the next fire
             observers = observers_for(cfg, job.paths, env)  # journal, notifications, metrics: as `evolve fire`
-            outcome = Fire(job.paths, cfg, FireOptions(), env=env, stop=self.stop, observers=observers).run()
+            with self._idle:
+                self._progress[job.name] = (self.mono(), stuck_after_s(cfg))
+            observers.append(lambda _event, _payload: self.progressed(job.name))
+            with progress_hook(lambda: self.progressed(job.name)):
+                outcome = Fire(job.paths, cfg, FireOptions(), env=env, stop=self.stop, observers=observers).run()
             code = outcome.exit_code
             kind = {exitcodes.OK: "ok", exitcodes.TEMPFAIL: "busy", exitcodes.SIGTERM: "interrupted",
                     exitcodes.SIGINT: "interrupted"}.get(code, "failed")
@@ -328,6 +448,7 @@ class Daemon:
             logmod.unbind("daemon_job")
             with self._idle:
                 self._running.discard(job.name)
+                self._progress.pop(job.name, None)
                 self._idle.notify_all()
 
     def _count(self, kind: str) -> None:
@@ -404,3 +525,7 @@ class Daemon:
         if pgid is not None and fire is not None and fire.pid == os.getpid() and group_alive(pgid):
             return pgid
         return None
+
+
+def _iso(when: dt.datetime | None) -> str | None:
+    return when.astimezone(dt.UTC).isoformat() if when is not None else None

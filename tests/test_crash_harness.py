@@ -116,6 +116,13 @@ def _check(env: Env, added: int) -> None:
             ref = f"source_epic={next(e for e in epics if i['title'] in e[1])[0]}:item={i['title']}"
             assert ref in done, f"{ref} consumed without a successful cycle in the ledger"
     assert not _temps(env), "temp files of dead writers must be swept"
+    # The git side (issue 15): no index.lock left behind, every improved cycle's commit exists.
+    assert not (env.repo / ".git" / "index.lock").exists(), "a git index.lock survived the recovery fire"
+    for e in ledger:
+        if e.get("result") == "improved" and isinstance(e.get("sha"), str):
+            found = subprocess.run(["git", "-C", str(env.repo), "cat-file", "-e", f"{e['sha']}^{{commit}}"],
+                                   capture_output=True)
+            assert found.returncode == 0, f"cycle {e['cycle']} is improved but its commit {e['sha']} does not exist"
     for call in env.calls():
         assert not group_alive(call["pgid"]), "an orphaned agent survived"
 

@@ -389,3 +389,90 @@ def test_daemon_fires_get_the_journal_and_publish_their_next_fire(env, tmp_path)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def test_watchdog_pings_stop_while_a_fire_is_stuck_and_resume_when_it_moves(env: Env, monkeypatch) -> None:
+    """In-process: a fire stuck in a step nothing bounds (a patched in-process wait) silences the watchdog."""
+    import threading
+
+    from evolve import log as logmod
+    from evolve import scheduler
+    from evolve.cronexpr import parse
+    from evolve.cycle.fire import Fire
+
+    entered, release = threading.Event(), threading.Event()
+    real = Fire._goals_before
+
+    def stuck_step(self):  # the first step of a cycle, made to wait with no bound at all
+        entered.set()
+        release.wait(120)  # a hang guard only
+        return real(self)
+
+    monkeypatch.setattr(Fire, "_goals_before", stuck_step)
+    env.queue(entry("a"))
+    env.steps([improved_step()])
+    sock_dir = Path(tempfile.mkdtemp(prefix="evolve-notify-", dir="/tmp"))
+    path = sock_dir / "notify"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    sock.settimeout(0.3)
+
+    def received() -> list[str]:
+        out = []
+        while True:
+            try:
+                out.append(sock.recv(4096).decode())
+            except TimeoutError:
+                return out
+
+    now = [1000.0]
+    notifier = Notifier({"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "1000000"})
+    job = scheduler.RepoJob("repo", env.paths, parse("0 0 1 1 *"), "UTC", 0)
+    d = scheduler.Daemon([job], grace_s=1, env=env.env(), notifier=notifier, mono=lambda: now[0])
+    logfile = env.root / "daemon-inproc.jsonl"
+    fh = open(logfile, "ab")  # noqa: SIM115 - closed below
+    logmod.configure(json=True, stream=fh)
+    t = threading.Thread(target=d._run_fire, args=(job,), daemon=True)
+    try:
+        t.start()
+        assert entered.wait(60), "the fire never reached the stuck step"
+        limit = scheduler.stuck_after_s(env.cfg())
+        now[0] += 10
+        d.tick()
+        assert "WATCHDOG=1" in received()  # busy, within its bounds: alive
+        now[0] += limit
+        d.tick()
+        silent = received()
+        assert "WATCHDOG=1" not in silent and any(m.startswith("STATUS=stuck: repo") for m in silent)
+        release.set()  # the step returns: the fire runs its agent and gate (children, git: progress)
+        t.join(120)
+        assert not t.is_alive()
+        d.tick()
+        assert "WATCHDOG=1" in received()  # no fire running: nothing stuck
+    finally:
+        release.set()
+        sock.close()
+        path.unlink(missing_ok=True)
+        sock_dir.rmdir()
+        logmod.configure(json=True, stream=sys.stdout)
+        fh.close()
+    assert b'"daemon.fire_stuck"' in logfile.read_bytes()
+    assert env.ledger()[0]["result"] == "improved"  # the stuck step, once released, ended normally
+
+
+def test_a_fire_that_moves_keeps_the_watchdog_fed(env: Env) -> None:
+    """Progress resets the silence: children's starts, beats and ends, git commands, fire events."""
+    from evolve import gitops, scheduler
+    from evolve.cronexpr import parse
+    from evolve.procgroup import progress_hook
+
+    now = [0.0]
+    job = scheduler.RepoJob("repo", env.paths, parse("0 0 1 1 *"), "UTC", 0)
+    d = scheduler.Daemon([job], grace_s=1, env=env.env(), notifier=Notifier({}), mono=lambda: now[0])
+    d._progress["repo"] = (0.0, 100.0)
+    now[0] = 150.0
+    assert d.stuck_fires() == ["repo"]
+    with progress_hook(lambda: d.progressed("repo")):
+        gitops.head(env.repo)
+    now[0] = 200.0
+    assert d.stuck_fires() == []

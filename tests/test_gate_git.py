@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 
 from support import Env, entry, git, improved_step, live, results
 
@@ -178,13 +179,35 @@ def test_usd_budget_stops_the_fire_after_the_cycle_that_crossed_it(env: Env, cli
     assert end["reason"] == "max_cost_usd" and end["cost_usd"] == 1.2
 
 
-def test_wall_clock_budget(env: Env) -> None:
-    env.write_config(fire={"max_minutes": 1, "max_cycles": 10})
-    env.queue(entry("a", "b", "c"))
-    # Each logged cycle "takes" 40 seconds of an injected clock: the second one crosses the minute.
+def _budget_fire(env: Env, wall, mono) -> object:
     with open(env.root / "log.jsonl", "ab") as fh:
         log.configure(json=True, stream=fh)
-        out = Fire(env.paths, env.cfg(), FireOptions(), env=env.env(), clock=lambda: 40.0 * len(env.ledger())).run()
+        return Fire(env.paths, env.cfg(), FireOptions(), env=env.env(), clock=wall, mono=mono).run()
+
+
+def test_time_budget(env: Env) -> None:
+    env.write_config(fire={"max_minutes": 1, "max_cycles": 10})
+    env.queue(entry("a", "b", "c"))
+    # Each logged cycle "takes" 40 seconds of an injected monotonic clock: the second one crosses the minute.
+    out = _budget_fire(env, time.time, lambda: 40.0 * len(env.ledger()))
+    assert out.reason == "max_minutes" and len(env.ledger()) == 2
+
+
+def test_a_forward_clock_step_does_not_end_the_fire(env: Env) -> None:
+    env.write_config(fire={"max_minutes": 1, "max_cycles": 3})
+    env.queue(entry("a", "b", "c", "d"))
+    t0 = 1_900_000_000.0
+    # The wall clock jumps 2 h forward after the first cycle; the monotonic one barely moves.
+    out = _budget_fire(env, lambda: t0 + (7200.0 if env.ledger() else 0.0), lambda: 1.0 * len(env.ledger()))
+    assert out.reason == "max_cycles" and len(env.ledger()) == 3
+
+
+def test_a_backward_clock_step_does_not_extend_the_fire(env: Env) -> None:
+    env.write_config(fire={"max_minutes": 1, "max_cycles": 10})
+    env.queue(entry("a", "b", "c", "d"))
+    t0 = 1_900_000_000.0
+    # 40 s of monotonic time per cycle while the wall clock goes back an hour after each.
+    out = _budget_fire(env, lambda: t0 - 3600.0 * len(env.ledger()), lambda: 40.0 * len(env.ledger()))
     assert out.reason == "max_minutes" and len(env.ledger()) == 2
 
 

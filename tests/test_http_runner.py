@@ -519,6 +519,19 @@ def test_context_overflow_from_the_server_is_a_heavy_signal(env: Env, server: Fa
     assert r.result == "failed" and r.context_overflow and not r.retryable
 
 
+def test_a_slow_response_past_the_fires_budget_is_a_timeout(
+    env: Env, server: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from evolve import procgroup
+
+    monkeypatch.setattr(procgroup, "STEP_GRACE_S", 0.5)
+    h = Harness(env.repo, server, timeout_s=3600)  # its own limit would wait an hour
+    server.push(Scripted(200, completion(reply()), delay=5))
+    with procgroup.fire_budget(lambda: 0.0):  # the fire is out of time
+        r = h.run(h.inv(1, "s", resume=False))
+    assert (r.result, r.error_class) == ("failed", "timeout")
+
+
 def test_slow_response_beyond_timeout_is_timeout(env: Env, server: FakeOpenAI) -> None:
     h = Harness(env.repo, server, timeout_s=0.5)
     server.push(Scripted(200, completion(reply()), delay=3))

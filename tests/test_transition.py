@@ -164,6 +164,8 @@ def test_breaker(
         (R.FAILED, "fatal", 0, False, 0, Stop.AGENT_FATAL, exitcodes.ERROR, False),
         (R.FAILED, "fatal", 0, False, 2, Stop.AGENT_FATAL, exitcodes.ERROR, False),  # fatal outranks the breaker
         (R.FAILED, "transient", 0, False, 2, Stop.BREAKER_OPEN, exitcodes.OK, False),
+        (R.FAILED, "commit_failed", 0, False, 0, Stop.COMMIT_FAILED, exitcodes.ERROR, False),
+        (R.FAILED, "commit_failed", 0, False, 2, Stop.COMMIT_FAILED, exitcodes.ERROR, False),  # outranks the breaker
         (R.FAILED, "transient", 1, True, 2, Stop.CONTEXT_HANDOFF, exitcodes.OK, True),  # hand-off outranks it
         (R.SCOUT, "", 0, False, 0, None, exitcodes.OK, False),
     ],

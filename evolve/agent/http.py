@@ -40,6 +40,7 @@ from evolve import __version__, gitops, redact
 from evolve.agent.invocation import Invocation
 from evolve.agent.report import AgentReport, Usage, loads_report, parse_report
 from evolve.config import AgentConfig
+from evolve.procgroup import capped, progressed
 from evolve.results import SUCCESS
 from evolve.store.atomic import write_json, write_new
 from evolve.store.dirfd import ensure_dir
@@ -417,6 +418,9 @@ class HttpRunner:
     ) -> _Response | AgentReport:
         """POST in a worker thread; the caller polls ``stop``, the timeout and the heartbeat."""
         timeout = self.cfg.timeout_s or None
+        # Within the fire's remaining max_minutes too (procgroup.capped; 0 = no fire), as every child is.
+        budget = capped(0)
+        deadline = min(started + timeout if timeout else math.inf, time.monotonic() + budget if budget else math.inf)
         if stop is not None and stop.is_set():
             return AgentReport("failed", error_class="interrupted", error="interrupted")
         req = urllib.request.Request(self.url, data=body, headers=self._headers(), method="POST")
@@ -449,10 +453,13 @@ class HttpRunner:
             now = time.monotonic()
             if stop is not None and stop.is_set():
                 return AgentReport("failed", error_class="interrupted", error="interrupted")
-            if timeout and now - started >= timeout:
-                return AgentReport("failed", error_class="timeout", error=f"no response within {timeout:g}s")
-            if on_heartbeat is not None and now >= next_beat:
-                on_heartbeat(now - started)
+            if now >= deadline:
+                limit = round(deadline - started, 1)
+                return AgentReport("failed", error_class="timeout", error=f"no response within {limit:g}s")
+            if now >= next_beat:
+                progressed()  # waiting on a bounded request: the daemon's watchdog may ping on
+                if on_heartbeat is not None:
+                    on_heartbeat(now - started)
                 next_beat = now + beat
         if "resp" in box:
             return box["resp"]

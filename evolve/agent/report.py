@@ -14,6 +14,8 @@ from evolve.results import CycleResult as R
 
 # The results an agent may claim; the gate decides the rest (regressed, a downgrade to unchanged).
 AGENT_RESULTS = tuple(str(r) for r in (R.IMPROVED, R.HARVESTED, R.SCOUT, R.UNCHANGED, R.FAILED))
+# ``commit_failed`` (results.COMMIT_FAILED) is evolve's own: an agent claiming it gets ``transient``,
+# so it cannot buy its item out of the attempt budget.
 ERROR_CLASSES = ("limit", "transient", "fatal", "timeout", "crashed", "interrupted")
 
 

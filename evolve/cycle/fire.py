@@ -29,7 +29,7 @@ from evolve.agent.report import AgentReport, redacted
 from evolve.agent.runners import Runner, make_runner
 from evolve.childenv import seal_own_environ
 from evolve.config import Config
-from evolve.cycle import budget, dryrun, halt, recovery, scout, side, transition, watch
+from evolve.cycle import budget, dryrun, halt, recovery, retention, scout, side, transition, watch
 from evolve.cycle import step1 as step1_shell
 from evolve.cycle.context import FireContext, Observer
 from evolve.cycle.entry import agent_fields, base_entry
@@ -83,6 +83,7 @@ class Fire:
         *,
         env: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.time,
+        mono: Callable[[], float] = time.monotonic,
         sources: list[WorkSource] | None = None,
         stop: threading.Event | None = None,
         observers: list[Observer] | None = None,
@@ -91,7 +92,7 @@ class Fire:
         self.cfg = cfg
         self.opts = opts
         self.env = dict(os.environ if env is None else env)
-        self.clock = clock
+        self.clock, self.mono = clock, mono  # wall time for timestamps; budgets on mono, deaf to clock steps
         self.ledger = Ledger(paths.ledger)
         self.fire_id = uuid.uuid4().hex[:12]
         # Every child carries the fire's id: if this fire dies, the next one finds and stops them all.
@@ -109,7 +110,7 @@ class Fire:
             paths, cfg, self.ledger, self.log, clock, self.fire_id, self.env, self.selector,
             observers=list(observers or []),
         )
-        self.started = clock()
+        self.started = mono()
         self._plan: plans.AgentPlan | None = None  # this cycle's agent plan (session, hand-off, prompt)
         # A KILL or STOP found after Step 1 (§4.4): the Step-1 reason, and whether a running agent was
         # interrupted for it (exit 143) or the fire just started nothing new (exit 0).
@@ -140,7 +141,7 @@ class Fire:
             if not lock.acquire(self.opts.wait_s):
                 self.log.info("fire.skipped", reason="another fire holds the lock", lock=str(self.paths.lock))
                 return FireOutcome(exitcodes.TEMPFAIL, "busy")
-            with lock, self._signals():
+            with lock, self._signals(), retention.bounded(self.ctx, self._remaining_s):  # §12: every step bounded
                 try:
                     return self._locked()
                 finally:
@@ -203,7 +204,7 @@ class Fire:
         self.ctx.save()
         outcome = FireOutcome()
         try:
-            self._cycles(step1, outcome, started=now)
+            self._cycles(step1, outcome, started=self.mono())
         except Exception as exc:
             # session-state.fire stays recorded: the next fire reconciles this one as crashed
             # (ledger entry, claim released, agent group killed) exactly as after a SIGKILL.
@@ -230,7 +231,7 @@ class Fire:
             return f"halt:{self.halted}"
         if max_cycles and outcome.cycles >= max_cycles:
             return "max_cycles"
-        if self.cfg.fire.max_minutes and self.clock() - started >= self.cfg.fire.max_minutes * 60:
+        if self.cfg.fire.max_minutes and self.mono() - started >= self.cfg.fire.max_minutes * 60:
             return "max_minutes"
         if self.cfg.fire.max_cost_usd and outcome.cost_usd >= self.cfg.fire.max_cost_usd:
             return "max_cost_usd"
@@ -462,10 +463,10 @@ class Fire:
         return (self.selector.goals, pre) if pre is not None else (None, None)
 
     def _remaining_s(self) -> float:
-        """Seconds left of the fire's wall-clock budget (``fire.max_minutes``; 0 = unbounded)."""
+        """Seconds left of the fire's time budget (``fire.max_minutes``; 0 = unbounded), on the monotonic clock."""
         if not self.cfg.fire.max_minutes:
             return float("inf")
-        return self.cfg.fire.max_minutes * 60 - (self.clock() - self.started)
+        return self.cfg.fire.max_minutes * 60 - (self.mono() - self.started)
 
     def _reading(self, report: AgentReport) -> budget.ContextReading:
         return budget.read_context(
@@ -539,7 +540,7 @@ class Fire:
             now=now,
             heavy=reading.heavy,
             context_signal=reading.signal,
-            error_class=report.error_class,
+            error_class=extra.get("error_class") or report.error_class,  # the gate's (commit_failed) first
             percepts=tuple(report.percepts),
             has_new_work=bool(report.new_work),
             directive_era=str(item.data["era"]) if item.source == "directive" and item.data.get("era") else None,

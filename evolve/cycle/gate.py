@@ -18,7 +18,7 @@ from evolve.childenv import BASE, FIRE, child_env
 from evolve.config import Config
 from evolve.paths import Paths
 from evolve.procgroup import Limits, run_group
-from evolve.results import SUCCESS, CycleResult
+from evolve.results import COMMIT_FAILED, SUCCESS, CycleResult
 from evolve.work.item import WorkItem, clean_text
 
 _STRUCTURAL_RED = re.compile(r"Pass [0-9]+: (FAILED|BLOCKED)")
@@ -40,6 +40,17 @@ def judge(claimed: str, *, substantive: bool, red: str | None) -> Verdict:
     if claimed == CycleResult.IMPROVED and not substantive:
         return Verdict(CycleResult.UNCHANGED, {"downgraded_from": "improved"})
     return Verdict(CycleResult(claimed))
+
+
+def committed(result: CycleResult, commit_error: str | None) -> Verdict:
+    """Consumed implies committed (pure): a change that could not be committed is a failed cycle.
+
+    ``commit_failed`` counts for the breaker (the repo is broken for every item alike) but is not
+    an attempt against the item (transition._attempts): the item did nothing wrong.
+    """
+    if commit_error is None:
+        return Verdict(result)
+    return Verdict(CycleResult.FAILED, {"error_class": COMMIT_FAILED, "error": commit_error[:300]})
 
 
 def goal_regressions(pre: dict[str, Any] | None, post: dict[str, Any] | None) -> list[str]:
@@ -70,7 +81,7 @@ class Gate:
         self.cfg = cfg
         self.log = log
         self.env = env or {}
-        self.git_policy = gitops.GitPolicy(run_hooks=cfg.git.run_hooks, sign=cfg.git.sign)
+        self.git_policy = gitops.GitPolicy(run_hooks=cfg.git.run_hooks, sign=cfg.git.sign, timeout_s=cfg.git.timeout_s)
 
     def command_env(self) -> dict[str, str]:
         """A gate command runs the repo's code: locale, PATH, the fire's id and ``[gate] pass_env``, no secret."""
@@ -109,7 +120,9 @@ class Gate:
             return verdict.result, {**extra, **goal_fields(pre)}
         result = verdict.result
         extra.update(verdict.fields)
-        self._commit(cycle, item, result, dirty_before)
+        saved = self._commit(cycle, item, result, dirty_before)
+        if saved is not None:
+            return saved[0], {**extra, **saved[1], **goal_fields(pre)}
         post = goals.measure_post() if goals is not None and pre is not None else None
         lost = goal_regressions(pre, post)
         if lost:
@@ -133,19 +146,46 @@ class Gate:
             extra["gate"] = "PASS"
         return result, {**extra, **goal_fields(post or pre)}
 
-    def _commit(self, cycle: int, item: WorkItem, result: str, dirty_before: set[str]) -> None:
+    def _commit(
+        self, cycle: int, item: WorkItem, result: str, dirty_before: set[str]
+    ) -> tuple[CycleResult, dict[str, Any]] | None:
+        """Commit the cycle's paths; None when that worked (or there was nothing to commit).
+
+        On failure the verdict is :func:`committed`'s ``failed``, and the change is kept, not lost:
+        saved under ``refs/evolve/uncommitted/<cycle>`` and the paths put back to HEAD, so the
+        released item starts clean next time. Only when even that save fails is the tree left dirty.
+        """
         repo = self.paths.repo
         to_commit = [p for p in (gitops.dirty_paths(repo) - dirty_before) if not gitops.is_internal(p)]
         if not (self.cfg.git.commit and to_commit):
-            return
+            return None
         message = gitops.commit_message(cycle, clean_text(item.title, 4000), result)
         try:
             sha = gitops.commit_paths(repo, to_commit, message, self.git_policy)
         except gitops.GitError as exc:
-            self.log.error("git.commit_failed", error=str(exc))
-            return
+            self.log.error("git.commit_failed", cycle=cycle, error=str(exc))
+            verdict = committed(CycleResult(result), str(exc))
+            return verdict.result, {**verdict.fields, **self._keep(cycle, sorted(to_commit), message)}
         if sha:
             self.log.info("git.commit", sha=sha, paths=len(to_commit))
+        return None
+
+    def _keep(self, cycle: int, paths: list[str], message: str) -> dict[str, Any]:
+        """Save an uncommitted change under a ref and restore its paths; the ledger fields saying where."""
+        repo = self.paths.repo
+        try:
+            ref = gitops.save_uncommitted(repo, paths, cycle, message)
+        except (gitops.GitError, OSError) as exc:
+            self.log.error("git.save_failed", cycle=cycle, error=str(exc)[:300])
+            return {"uncommitted_paths": paths, "uncommitted_left_in_tree": True}
+        out: dict[str, Any] = {"uncommitted_ref": ref, "uncommitted_paths": paths}
+        self.log.warning("git.uncommitted_saved", cycle=cycle, ref=ref, paths=len(paths))
+        try:
+            gitops.restore_paths(repo, paths)
+        except (gitops.GitError, OSError) as exc:
+            self.log.error("git.restore_failed", cycle=cycle, error=str(exc)[:300])
+            out["uncommitted_left_in_tree"] = True  # saved, but also still there: say so
+        return out
 
     def _push(self) -> None:
         if not self.cfg.git.push:

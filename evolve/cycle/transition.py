@@ -21,7 +21,7 @@ from typing import Any
 
 from evolve import exitcodes
 from evolve.cycle import budget
-from evolve.results import SUCCESS, CycleResult
+from evolve.results import COMMIT_FAILED, SUCCESS, CycleResult
 from evolve.store.session_state import SessionState
 from evolve.timeutil import utc_iso
 
@@ -46,6 +46,7 @@ class Stop(StrEnum):
     INTERRUPTED = "interrupted"
     RATE_LIMITED = "rate_limited"
     AGENT_FATAL = "agent_fatal"
+    COMMIT_FAILED = "commit_failed"  # the repo cannot take a commit: every further cycle would be wasted
     CONTEXT_HANDOFF = "context-handoff"
     BREAKER_OPEN = "breaker_open"
 
@@ -179,7 +180,8 @@ def _attempts(
 ) -> tuple[dict[str, int], list[Any], Park | None]:
     """The per-item attempt budget (docs/DESIGN.md §8): park an item that keeps failing.
 
-    Rate limits, interruptions and context hand-offs are not attempts: the item did nothing wrong.
+    Rate limits, interruptions, context hand-offs and a failed commit (the repo's fault, issue 15)
+    are not attempts: the item did nothing wrong.
     """
     attempts, parked, ref = dict(state.attempts), list(state.parked_work), facts.work_ref
     if claim is ClaimAction.FINALIZE:
@@ -189,7 +191,7 @@ def _attempts(
         claim is ClaimAction.RELEASE
         and facts.result in (CycleResult.FAILED, CycleResult.REGRESSED)
         and not facts.heavy
-        and facts.error_class not in ("limit", "interrupted")
+        and facts.error_class not in ("limit", "interrupted", COMMIT_FAILED)
     )
     if not counts:
         return attempts, parked, None
@@ -245,6 +247,8 @@ def _stop(facts: CycleFacts, streak: int, policy: Policy, breaker: Breaker | Non
         return Stop.RATE_LIMITED, exitcodes.TEMPFAIL, False
     if facts.error_class == "fatal":
         return Stop.AGENT_FATAL, exitcodes.ERROR, False
+    if facts.error_class == COMMIT_FAILED:  # the operator must fix git (evolve doctor names the cause)
+        return Stop.COMMIT_FAILED, exitcodes.ERROR, False
     if budget.handoff_due(streak, policy.streak_limit):
         return Stop.CONTEXT_HANDOFF, exitcodes.OK, True
     if breaker is Breaker.OPEN:

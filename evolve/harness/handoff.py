@@ -19,7 +19,6 @@ import contextlib
 import os
 import re
 import stat
-import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -85,7 +84,7 @@ def _changed_files(repo: Path, shas: list[str], cap: int = 30) -> list[str]:
             continue
         try:
             proc = gitops.run_git(repo, "show", "--name-only", "--format=", sha, timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
+        except (OSError, gitops.GitError):  # GitTimeout: the group was killed
             continue
         for name in proc.stdout.splitlines():
             if name and name not in files and not name.startswith(".agents/"):

@@ -8,7 +8,8 @@ Health, and the exit code of ``evolve status``:
 
 - **halted** (75): a fresh KILL or STOP, DORMANT present, or an unacknowledged goal regression —
   the next fire would stop in Step 1 (decided by :func:`evolve.cycle.halt.evaluate`);
-- **degraded** (1): the failure breaker is open, the last cycle failed or crashed, a fire died
+- **degraded** (1): the failure breaker is open, the last cycle failed or crashed (a failed commit adds
+  "commit failed: <why>; <remedy>"), a fire died
   without being reconciled yet, or the config is invalid (the next fire would exit 78);
 - **healthy** (0): anything else.
 """
@@ -26,7 +27,7 @@ from typing import Any
 from evolve.cycle import halt as step1
 from evolve.harness import autocompact
 from evolve.paths import Paths
-from evolve.results import FAILURES
+from evolve.results import COMMIT_FAILED, FAILURES
 from evolve.status.schedule import NextFire, next_fire
 from evolve.store.atomic import read_json
 from evolve.store.ledger import Ledger
@@ -401,11 +402,22 @@ def _degraded(breaker: Breaker, last: dict[str, Any] | None, fire: dict[str, Any
     if last and isinstance(last.get("result"), str) and last["result"] in FAILURES:
         cls = f" ({last['error_class']})" if last.get("error_class") else ""
         out.append(f"last cycle {last.get('cycle')} {last.get('result')}{cls}")
+        if last.get("error_class") == COMMIT_FAILED:
+            out.append(_commit_failed(last))
     if fire and not running:
         out.append(f"fire pid {fire.get('pid')} died mid-fire; the next fire reconciles it")
     if config_error:
         out.append(f"config invalid (fires exit 78): {config_error}")
     return out
+
+
+def _commit_failed(last: dict[str, Any]) -> str:
+    """The reason and the way out: the work is not lost, git needs a hand (issue 15)."""
+    why = " ".join(str(last.get("error") or "unknown").split())[:200]
+    ref = last.get("uncommitted_ref")
+    kept = (f"the change is saved at {ref} (`git checkout {ref} -- <paths>` to take it back)" if ref
+            else "the change is left uncommitted in the work tree")
+    return f"commit failed: {why}; run `evolve doctor`, fix git, then the next fire retries the item; {kept}"
 
 
 def _warnings(markers: Mapping[str, MarkerInfo], malformed: int, last: dict[str, Any] | None) -> list[str]:

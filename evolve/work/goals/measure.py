@@ -12,6 +12,7 @@ from typing import Any
 
 from evolve import gitops
 from evolve.childenv import BASE, FIRE, child_env
+from evolve.procgroup import capped
 from evolve.timeutil import utc_iso
 from evolve.work.goals.check import CheckRun, run_check
 from evolve.work.goals.model import Goal, GoalsFile, MeasureError
@@ -37,7 +38,8 @@ def measure(
     Raises MeasureError when the total timeout passes before every goal finished: a partial snapshot
     would read as a regression, so the caller keeps the last good one instead.
     """
-    deadline = time.monotonic() + total_timeout_s
+    # Within the fire's remaining budget too: checks that outlast max_minutes hold the whole fire.
+    deadline = time.monotonic() + (capped(total_timeout_s) or total_timeout_s)
     stop = threading.Event()
     check_env = sanitized_env(env, pass_env)
     results: list[CheckRun | None] = [None] * len(gf.goals)
