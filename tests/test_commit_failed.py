@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-import orjson
-from support import Env, entry, git, improved_step
+from support import Env, entry, git, improved_step, live
 
 from evolve.cycle import transition
 from evolve.cycle.gate import committed
@@ -16,7 +15,7 @@ LOCK_GATE = [sys.executable, "-c", "open('.git/index.lock', 'w').close()"]
 
 
 def _item(env: Env) -> dict:
-    return orjson.loads(env.paths.nextwork.read_bytes().splitlines()[0])["items"][0]
+    return live(env.paths.nextwork)[0]["items"][0]
 
 
 def test_committed_is_pure_and_turns_a_failed_commit_into_a_failed_cycle() -> None:

@@ -14,7 +14,7 @@ import pytest
 from fake_openai import FakeOpenAI, Scripted, completion
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import Env, entry, git
+from support import Env, entry, git, live
 
 from evolve.agent import prompt
 from evolve.agent.http import (
@@ -350,7 +350,7 @@ def test_fire_applies_the_diff_and_commits_it(env: Env, server: FakeOpenAI, fire
     assert status(env.repo) == ""
     (req,) = server.requests
     assert "alpha" in req.messages[1]["content"]
-    q = orjson.loads(env.paths.nextwork.read_text().splitlines()[0])
+    q = live(env.paths.nextwork)[0]
     assert q["items"][0]["claim_status"] == "consumed"
     assert env.state()["agent_session"]["runner"] == "http"
 
@@ -390,7 +390,7 @@ def test_fire_bad_diff_is_failed_and_the_tree_is_untouched(env: Env, server: Fak
     assert "diff rejected" in e["error"]
     assert head(env.repo) == before and status(env.repo) == ""
     assert (env.repo / "README.md").read_text() == "# test repo\n"
-    q = orjson.loads(env.paths.nextwork.read_text().splitlines()[0])
+    q = live(env.paths.nextwork)[0]
     assert q["items"][0]["claim_status"] == "available"
 
 
@@ -481,7 +481,7 @@ def test_fire_rate_limit_exits_75_and_keeps_the_item(env: Env, server: FakeOpenA
     assert out.exit_code == 75
     (e,) = env.ledger()
     assert e["result"] == "failed" and e["error_class"] == "limit" and "retry_after=7200" in e["error"]
-    q = orjson.loads(env.paths.nextwork.read_text().splitlines()[0])
+    q = live(env.paths.nextwork)[0]
     assert q["items"][0]["claim_status"] == "available" and q["items"][0]["consumed"] is False
     assert env.state()["consecutive_failures"] == 0
 
