@@ -355,7 +355,9 @@ def test_kubernetes_manifest_round_trips_whatever_the_values(name: str, image: s
     try:
         (text,) = deploy.kubernetes(t).values()
     except Exception as exc:
-        assert type(exc).__name__ == "ZoneInfoNotFoundError"
+        # An unknown or malformed zone ("/" is a ValueError to zoneinfo): `evolve install` refuses both
+        # before rendering (commands/install.py), so only a zone error may come from the renderer.
+        assert type(exc).__name__ == "ZoneInfoNotFoundError" or str(exc).startswith("ZoneInfo keys"), exc
         return
     check_manifest(t, text)
 
