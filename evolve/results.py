@@ -23,11 +23,6 @@ class CycleResult(StrEnum):
     CRASHED = "crashed"  # logged by the next fire for a fire that died mid-cycle
 
     @property
-    def succeeded(self) -> bool:
-        """The agent's work stands: its claim may be consumed and its follow-ups queued."""
-        return self in SUCCESS
-
-    @property
     def productive(self) -> bool:
         """Counts towards the metronome's same-shape streak."""
         return self in PRODUCTIVE

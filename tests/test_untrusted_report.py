@@ -38,18 +38,6 @@ LIFECYCLE = {"consumed": True, "claim_status": "consumed", "claimed_by": "agent"
              "failed_at": "2026-01-01T00:00:00Z", "disposition": "defer:never"}
 
 
-def events(cli_stdout: str) -> list[dict[str, Any]]:
-    out = []
-    for line in cli_stdout.splitlines():
-        try:
-            obj = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(obj, dict) and "event" in obj:
-            out.append(obj)
-    return out
-
-
 def queue_items(env: Env) -> list[dict[str, Any]]:
     return [i for e in jsonl(env.paths.nextwork) for i in e.get("items", [])]
 
@@ -170,7 +158,7 @@ def test_fifty_proposed_items_queue_twenty_and_warn(env: Env, cli) -> None:
     r = cli("fire", "--cycles", "1")
     assert r.code == 0, r.stderr
     assert [i["title"] for i in queue_items(env)] == ["first", *(f"follow-up {i}" for i in range(20))]
-    (warn,) = [e for e in events(r.stdout) if e["event"] == "queue.new_work_dropped"]
+    (warn,) = [e for e in r.events() if e["event"] == "queue.new_work_dropped"]
     assert (warn["proposed"], warn["kept"], warn["dropped"]) == (50, 20, 30)
     assert warn["level"] == "warning"
 
@@ -182,7 +170,7 @@ def test_max_new_work_zero_queues_nothing(env: Env, cli) -> None:
     r = cli("fire", "--cycles", "1")
     assert r.code == 0, r.stderr
     assert [i["title"] for i in queue_items(env)] == ["first"]
-    assert "queue.new_work_dropped" in [e["event"] for e in events(r.stdout)]
+    assert "queue.new_work_dropped" in [e["event"] for e in r.events()]
 
 
 def test_a_scout_split_is_bounded_too(env: Env, cli) -> None:
@@ -229,7 +217,7 @@ def test_non_finite_and_negative_numbers_reach_the_ledger_as_zero(env: Env, cli)
     assert e["usage"] == {"input_tokens": 0, "output_tokens": 0, "cache_read_input_tokens": 0,
                           "cache_creation_input_tokens": 7}
     assert len(e["report_warnings"]) == 6
-    (warn,) = [x for x in events(r.stdout) if x["event"] == "agent.report_sanitized"]
+    (warn,) = [x for x in r.events() if x["event"] == "agent.report_sanitized"]
     assert warn["level"] == "warning" and warn["warnings"] == e["report_warnings"]
 
 
@@ -267,7 +255,7 @@ def test_a_fire_takes_over_a_stale_foreign_claim_but_not_a_fresh_one(env: Env, c
     fresh, stale = queue_items(env)
     assert fresh["claim_status"] == "in_progress" and fresh["claimed_by"] == "other-tool"
     assert stale["claim_status"] == "consumed" and stale["consumed_by"].startswith("evolve")
-    (taken,) = [e for e in events(r.stdout) if e["event"] == "claim.stale_taken"]
+    (taken,) = [e for e in r.events() if e["event"] == "claim.stale_taken"]
     assert taken["claimed_by"] == "other-tool" and taken["level"] == "warning"
 
 

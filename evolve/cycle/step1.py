@@ -8,6 +8,7 @@ run) evaluates the same way and changes nothing.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from evolve.childenv import BASE, FIRE, child_env
 from evolve.cycle import halt
@@ -19,15 +20,23 @@ from evolve.timeutil import parse_iso
 LEDGER_TAIL = 20  # entries the halt rules look at (the regression and restorative rules)
 
 
+def _operator_markers(ctx: FireContext, now: float) -> dict[str, Any]:
+    """The snapshot's fields for the operator's halts (KILL, STOP), read the same way everywhere."""
+    p = ctx.paths
+    return {
+        "now": now,
+        "kill_ttl_s": ctx.cfg.halt.kill_ttl_days * 86400,
+        "global_kill": read_marker(p.global_kill, now),
+        "local_kill": read_marker(p.kill, now),
+        "stop": read_marker(p.stop, now),
+    }
+
+
 def snapshot(ctx: FireContext, now: float) -> halt.HaltSnapshot:
     p, st = ctx.paths, ctx.state
     until = parse_iso(st.breaker_open_until) if st.breaker_open_until else None
     return halt.HaltSnapshot(
-        now=now,
-        kill_ttl_s=ctx.cfg.halt.kill_ttl_days * 86400,
-        global_kill=read_marker(p.global_kill, now),
-        local_kill=read_marker(p.kill, now),
-        stop=read_marker(p.stop, now),
+        **_operator_markers(ctx, now),
         dormant=read_marker(p.dormant, now),
         handoff=read_marker(p.handoff, now),
         ack_regression=read_marker(p.ack_regression, now),
@@ -47,11 +56,7 @@ def operator_halt(ctx: FireContext, now: float) -> halt.Step1:
     p = ctx.paths
     return halt.marker_halt(
         halt.HaltSnapshot(
-            now=now,
-            kill_ttl_s=ctx.cfg.halt.kill_ttl_days * 86400,
-            global_kill=read_marker(p.global_kill, now),
-            local_kill=read_marker(p.kill, now),
-            stop=read_marker(p.stop, now),
+            **_operator_markers(ctx, now),
             dormant=Marker(p.dormant, False),
             handoff=Marker(p.handoff, False),
             ack_regression=Marker(p.ack_regression, False),
