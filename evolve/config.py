@@ -107,6 +107,10 @@ class GitConfig:
     run_hooks: bool = False  # evolve's own git runs the repo's hooks (still with the minimal env)
     sign: bool = False  # evolve's commits are signed (gpg gets GNUPGHOME, GPG_TTY, SSH_AUTH_SOCK)
     timeout_s: float = 300  # one git command's limit (also capped by the fire's remaining max_minutes)
+    # Where the agent works (docs/DESIGN.md §8.1): "worktree" = evolve's own git worktree, landed on the
+    # operator's branch by compare-and-swap; "none" = in the operator's checkout (hand fires, no operator).
+    isolation: str = "worktree"
+    worktree_dir: str = ""  # the agent's worktree; "" = <state dir>/worktree (stable: sessions resume)
 
 
 @dataclass(frozen=True)
@@ -164,6 +168,7 @@ SECTIONS: dict[str, type] = typing.get_type_hints(Config)
 ENUMS: dict[tuple[str, str], tuple[str, ...]] = {
     ("agent", "runner"): ("claude", "command", "http"),
     ("fire", "mode"): ("burst", "loop"),
+    ("git", "isolation"): ("worktree", "none"),
 }
 RANGES: dict[tuple[str, str], tuple[float, float]] = {
     ("context", "streak_limit"): (1, 10_000),

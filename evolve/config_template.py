@@ -81,6 +81,10 @@ TEMPLATE = """\
 # sign = false               # true: evolve's commits are signed (gpg gets GNUPGHOME, GPG_TTY, SSH_AUTH_SOCK)
 # timeout_s = 300            # one git command's limit, also capped by what is left of [fire] max_minutes;
 #                            # a git command that times out fails its step (its process group is killed)
+# isolation = "worktree"     # the agent works in evolve's own worktree; green commits land on your branch
+#                            # by fast-forward only (your edits and commits are never touched); "none":
+#                            # the agent works in your checkout (only when nobody else works in it)
+# worktree_dir = ""          # default .agents/evolve/worktree (a stable path: agent sessions resume)
 
 [halt]
 # kill_ttl_days = 7          # hand-written KILL/STOP older than this are ignored (evolve stop/kill: no TTL)

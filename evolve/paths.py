@@ -68,6 +68,11 @@ class Paths:
         return self._e("session-state.json")
 
     @property
+    def landing_intent(self) -> Path:
+        """A fast-forward of the operator's checkout in progress (docs/DESIGN.md §8.1)."""
+        return self._e("landing.json")
+
+    @property
     def lock(self) -> Path:
         return self._e("fire.lock")
 

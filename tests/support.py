@@ -82,6 +82,13 @@ class Env:
     def paths(self) -> Paths:
         return Paths.for_repo(self.repo, env=self.env())
 
+    @property
+    def tree(self) -> Path:
+        """Where the agent works: evolve's own worktree (``[git] isolation = "worktree"``, the default)."""
+        if self.config.get("git", {}).get("isolation") == "none":
+            return self.repo
+        return self.paths.evolve_dir / "worktree"
+
     def env(self, **extra: str) -> dict[str, str]:
         base = {k: v for k, v in os.environ.items() if not k.startswith("EVOLVE_")}
         base.update(XDG_CONFIG_HOME=str(self.xdg), **GIT_ENV)

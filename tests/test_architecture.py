@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
               "evolve.cronexpr", "evolve.sdnotify", "evolve.config_template", "evolve.deploy_templates",
               "evolve.childenv")),
     ("store", ("evolve.store",)),
-    ("process", ("evolve.procgroup", "evolve.gitops")),
+    ("process", ("evolve.procgroup", "evolve.gitops", "evolve.worktree")),
     ("work", ("evolve.work",)),
     ("agent", ("evolve.agent",)),
     ("harness", ("evolve.harness",)),

@@ -53,7 +53,7 @@ def cli_env(env: Env, fake: FakeAnthropic, **extra: str) -> dict[str, str]:
 
 
 def write(env: Env, name: str, content: str = "x\n") -> dict:
-    return {"tool": {"name": "Write", "input": {"file_path": str(env.repo / name), "content": content}}}
+    return {"tool": {"name": "Write", "input": {"file_path": str(env.tree / name), "content": content}}}
 
 
 def test_first_cycle_is_fresh_with_orientation_in_the_system_prompt(env: Env, cli, fake: FakeAnthropic) -> None:

@@ -11,7 +11,9 @@ from evolve.cycle import transition
 from evolve.cycle.gate import committed
 from evolve.results import CycleResult
 
-LOCK_GATE = [sys.executable, "-c", "open('.git/index.lock', 'w').close()"]
+# Leaves the index lock of the tree it runs in (the operator's checkout or evolve's worktree) behind.
+LOCK_GATE = [sys.executable, "-c", "import subprocess as s; open(s.run(['git', 'rev-parse', '--git-path', "
+             "'index.lock'], capture_output=True, text=True, check=True).stdout.strip(), 'w').close()"]
 
 
 def _item(env: Env) -> dict:
@@ -39,7 +41,7 @@ def test_commit_failure_is_not_an_attempt_but_counts_for_the_breaker() -> None:
 
 def test_stale_index_lock_fails_the_cycle_keeps_the_change_and_the_next_fire_commits(env: Env, cli) -> None:
     start = git(env.repo, "rev-parse", "HEAD").strip()
-    env.write_config(gate={"commands": [LOCK_GATE], "timeout_s": 60})
+    env.write_config(gate={"commands": [LOCK_GATE], "timeout_s": 60}, git={"isolation": "none"})
     env.queue(entry("write docs"))
     env.steps([improved_step(path="docs/a.md", content="hello\n")], loop=True)
     r = cli("fire", "--cycles", "3")
@@ -65,6 +67,27 @@ def test_stale_index_lock_fails_the_cycle_keeps_the_change_and_the_next_fire_com
     assert e2["result"] == "improved", e2
     assert git(env.repo, "rev-list", "--count", f"{start}..HEAD").strip() == "1"
     assert _item(env)["claim_status"] != "available"
+
+
+def test_a_stale_lock_in_the_agent_worktree_fails_the_cycle_and_the_next_fire_clears_it(env: Env, cli) -> None:
+    """In evolve's own worktree nobody but a dead fire's git can have left the lock: the next fire removes it."""
+    start = git(env.repo, "rev-parse", "HEAD").strip()
+    env.write_config(gate={"commands": [LOCK_GATE], "timeout_s": 60})
+    env.queue(entry("write docs"))
+    env.steps([improved_step(path="docs/a.md", content="hello\n")], loop=True)
+    r = cli("fire", "--cycles", "3")
+    e = env.ledger()[-1]
+    assert (r.code, e["result"], e["error_class"]) == (1, "failed", "commit_failed"), (r.stdout, r.stderr)
+    assert git(env.repo, "show", f"{e['uncommitted_ref']}:docs/a.md") == "hello\n"
+    assert git(env.repo, "rev-parse", "HEAD").strip() == start and _item(env)["claim_status"] == "available"
+    assert not (env.repo / ".git" / "index.lock").exists()  # the operator's checkout was never locked
+    env.write_config(gate={"commands": []})
+    r2 = cli("fire", "--cycles", "1")
+    assert r2.code == 0 and "workspace.stale_lock_removed" in r2.names(), r2.stderr
+    e2 = env.ledger()[-1]
+    assert e2["result"] == "improved" and e2["sha"] == git(env.repo, "rev-parse", "HEAD").strip()
+    assert (env.repo / "docs" / "a.md").read_text() == "hello\n"  # landed in the operator's checkout
+    assert not list((env.repo / ".git").rglob("index.lock"))
 
 
 def test_failing_signer_fails_the_cycle(env: Env, cli) -> None:
@@ -114,7 +137,7 @@ def test_a_change_that_cannot_be_saved_stays_in_the_tree_and_is_recorded(env: En
     e = env.ledger()[-1]
     assert (e["result"], e["error_class"], out.exit_code) == ("failed", "commit_failed", 1)
     assert e["uncommitted_left_in_tree"] is True and e["uncommitted_paths"] == ["c.txt"]
-    assert (env.repo / "c.txt").read_text() == "c\n"  # never reverted when it could not be saved
+    assert (env.tree / "c.txt").read_text() == "c\n"  # never reverted when it could not be saved
 
 
 def _fake_proc(root, repo, started_after_boot_s: float) -> object:

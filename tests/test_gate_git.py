@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import time
 
+import pytest
 from support import Env, entry, git, improved_step, live, results
 
 from evolve import log
@@ -45,8 +46,10 @@ def test_agent_that_breaks_a_test_is_reverted_and_operator_edits_survive(env: En
     assert item["claim_status"] == "available"
 
 
-def test_agent_commits_that_break_the_gate_are_reverted(env: Env, cli) -> None:
-    project(env)
+@pytest.mark.parametrize("isolation", ["worktree", "none"])
+def test_agent_commits_that_break_the_gate_are_reverted(env: Env, cli, isolation: str) -> None:
+    start = project(env)
+    env.write_config(git={"isolation": isolation})
     env.queue(entry("x"))
     env.steps([{"write": [{"path": "app.py", "content": "def add(a, b):\n    return 0\n"}], "commit": True,
                 "report": {"result": "improved"}}])
@@ -54,7 +57,12 @@ def test_agent_commits_that_break_the_gate_are_reverted(env: Env, cli) -> None:
     assert env.ledger()[-1]["result"] == "regressed"
     assert (env.repo / "app.py").read_text() == APP
     subjects = git(env.repo, "log", "--format=%s", "-3").splitlines()
-    assert subjects[0].startswith("Revert") and subjects[1].startswith("agent: cycle 1")
+    if isolation == "none":  # in the operator's checkout the agent's own commit is reverted by a commit
+        assert subjects[0].startswith("Revert") and subjects[1].startswith("agent: cycle 1")
+    else:  # in the worktree it never reaches the branch at all, and the worktree is back at the start
+        assert git(env.repo, "rev-parse", "HEAD").strip() == start and subjects[0] == "app"
+        assert git(env.tree, "rev-parse", "HEAD").strip() == start
+        assert git(env.tree, "status", "--porcelain").strip() == ""
 
 
 def test_improvement_is_one_commit_with_the_message_format(env: Env, cli) -> None:

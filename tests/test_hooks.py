@@ -491,7 +491,7 @@ def test_real_cli_a_compaction_in_a_resumed_run_gets_the_cycle_state_back(env: E
         (env.root / "home").mkdir(exist_ok=True)
 
         def write(name: str) -> dict[str, Any]:
-            return {"tool": {"name": "Write", "input": {"file_path": str(env.repo / name), "content": "x\n"}}}
+            return {"tool": {"name": "Write", "input": {"file_path": str(env.tree / name), "content": "x\n"}}}
 
         fake.add({"text": "CYCLE-ONE " + report_text("failed", error_class="transient", summary="not yet")})
         assert cli("fire", "--cycles", "1", extra_env=e).code == 0

@@ -29,7 +29,7 @@ from evolve.agent.report import AgentReport, redacted
 from evolve.agent.runners import Runner, make_runner
 from evolve.childenv import seal_own_environ
 from evolve.config import Config
-from evolve.cycle import budget, dryrun, halt, recovery, retention, scout, side, transition, watch
+from evolve.cycle import budget, dryrun, halt, recovery, retention, scout, side, transition, watch, workspace
 from evolve.cycle import step1 as step1_shell
 from evolve.cycle.context import FireContext, Observer
 from evolve.cycle.entry import agent_fields, base_entry
@@ -106,6 +106,8 @@ class Fire:
         self.mode = opts.mode or cfg.fire.mode
         self.selector = Selector(paths, cfg, self.env, self.log, write=not opts.dry_run, sources=sources, clock=clock)
         self.gate = Gate(paths, cfg, self.log, self.env)
+        # Where the agent works: the operator's checkout until _locked opens the configured one (§8.1).
+        self.ws: workspace.Workspace = workspace.InPlace(paths.repo, self.gate.git_policy, self.log)
         self.ctx = FireContext(
             paths, cfg, self.ledger, self.log, clock, self.fire_id, self.env, self.selector,
             observers=list(observers or []),
@@ -204,7 +206,8 @@ class Fire:
         self.ctx.save()
         outcome = FireOutcome()
         try:
-            self._cycles(step1, outcome, started=self.mono())
+            if self._open_workspace(outcome):
+                self._cycles(step1, outcome, started=self.mono())
         except Exception as exc:
             # session-state.fire stays recorded: the next fire reconciles this one as crashed
             # (ledger entry, claim released, agent group killed) exactly as after a SIGKILL.
@@ -214,6 +217,23 @@ class Fire:
         self.ctx.save()
         self.paths.cycle_state.unlink(missing_ok=True)
         return self._ended(outcome)
+
+    def _open_workspace(self, outcome: FireOutcome) -> bool:
+        """The agent's tree for this fire (§8.1): made, a dead cycle's work set aside, waiting commits
+        landed, standing at the base. False (the fire ends, exit 1) when git cannot give us one."""
+        try:
+            ws = workspace.open_workspace(
+                self.paths.repo, self.paths.evolve_dir, self.cfg.git, self.gate.git_policy, self.log,
+                self.paths.landing_intent, regate=self.gate.run_commands,
+            )
+            ws.prepare(self.ledger.last_cycle())
+        except (gitops.GitError, OSError) as exc:
+            self.log.error("workspace.error", error=str(exc)[:300])
+            outcome.reason, outcome.exit_code = "workspace_error", exitcodes.ERROR
+            return False
+        self.ws = ws
+        self.selector.work_in(ws.tree)
+        return True
 
     def _ended(self, outcome: FireOutcome) -> FireOutcome:
         fields = dict(reason=outcome.reason, cycles=outcome.cycles, exit_code=outcome.exit_code)
@@ -371,12 +391,11 @@ class Fire:
     ) -> tuple[sessions.ModeDecision, AgentReport, str, dict[str, Any]]:
         """Run the agent once on ``item`` and verify what it did."""
         st = self.state
-        repo = self.paths.repo
+        self.ws.begin(cycle)
         # Measure first: what the checks themselves leave behind (caches, build output) is not the cycle's.
         goals, pre = self._goals_before()
-        start_sha = gitops.head(repo)
-        dirty_before = gitops.dirty_paths(repo)
-        self.ctx.write_cycle_state(cycle, item, "agent", start_sha)
+        start = workspace.start_of(self.ws.tree)
+        self.ctx.write_cycle_state(cycle, item, "agent", start.sha)
         self.log.info("cycle.start", cycle=cycle, ref=item.ref, title=item.title, source=item.source)
         plan, inv = self._plan_agent(cycle, item, restorative)
         decision = plan.decision
@@ -400,14 +419,14 @@ class Fire:
             self.log.info("agent.heartbeat", cycle=cycle, elapsed_s=round(elapsed, 1), **(progress or {}))
 
         with watch.agent_stop(self.ctx, self.stop, self._killed) as run_stop:
-            report = self._run_agent(cycle, inv, run_stop, on_start, on_heartbeat, (start_sha, dirty_before))
+            report = self._run_agent(cycle, inv, run_stop, on_start, on_heartbeat, start)
         assert st.fire is not None
         st.fire = replace(st.fire, agent_pgid=None)
         if report.error_class == "interrupted":
-            self.gate.undo(start_sha, dirty_before)
+            self.gate.undo(self.ws, start)
             return decision, report, "interrupted", {}
-        self.ctx.write_cycle_state(cycle, item, "gate", start_sha)
-        result, extra = self.gate.verify(cycle, item, report, start_sha, dirty_before, goals=goals, pre=pre)
+        self.ctx.write_cycle_state(cycle, item, "gate", start.sha)
+        result, extra = self.gate.verify(cycle, item, report, self.ws, start, goals=goals, pre=pre)
         return decision, report, result, extra
 
     def _run_agent(
@@ -417,7 +436,7 @@ class Fire:
         run_stop: threading.Event,
         on_start: Callable[[int], None],
         on_heartbeat: Callable[..., None],
-        before: tuple[str | None, set[str]],
+        start: workspace.Start,
     ) -> AgentReport:
         """The agent run and its retries; no agent starts once KILL or STOP exists (§4.4)."""
         runner = self._runner()
@@ -439,7 +458,7 @@ class Fire:
             )
             if not again.retry:
                 return report
-            self.gate.undo(*before)
+            self.gate.undo(self.ws, start)
             event = "agent.limit_wait" if report.error_class == "limit" else "agent.retry"
             self.log.warning(event, cycle=cycle, wait_s=again.wait_s, reason=again.reason, error=report.error[:200])
             if run_stop.wait(again.wait_s):
@@ -485,7 +504,7 @@ class Fire:
                 work=item,
                 session=session,
                 runner=self.cfg.agent.runner,
-                foreign_commits=gitops.foreign_commits(self.paths.repo, session.last_head if session else None),
+                foreign_commits=gitops.foreign_commits(self.ws.tree, session.last_head if session else None),
                 fresh_start_turns=self.cfg.context.returning_fresh_start_turns,
                 now=self.clock(),
                 request=request,
@@ -499,7 +518,7 @@ class Fire:
         self._plan = plan
         d = plan.decision
         inv = Invocation(
-            repo=self.paths.repo,
+            repo=self.ws.tree,
             run_dir=self.paths.runs_dir,
             cycle=cycle,
             mode=d.mode,
@@ -642,7 +661,7 @@ class Fire:
             compact = got[0] if got is not None else None
         after = plans.session_after(
             plan, report, result=result, runner=self.cfg.agent.runner, work_ref=item.ref,
-            head=gitops.head(self.paths.repo), compact_text=compact,
+            head=gitops.head(self.ws.tree), compact_text=compact,
         )
         if after.consume_request and plan.request is not None:
             handoffs.consume(self.paths, plan.request, now)

@@ -16,9 +16,10 @@ from evolve import crashpoint, gitops
 from evolve.agent.report import AgentReport
 from evolve.childenv import BASE, FIRE, child_env
 from evolve.config import Config
+from evolve.cycle.workspace import Land, Start, Workspace
 from evolve.paths import Paths
 from evolve.procgroup import Limits, run_group
-from evolve.results import COMMIT_FAILED, SUCCESS, CycleResult
+from evolve.results import COMMIT_FAILED, LAND_FAILED, SUCCESS, CycleResult
 from evolve.work.item import WorkItem, clean_text
 
 _STRUCTURAL_RED = re.compile(r"Pass [0-9]+: (FAILED|BLOCKED)")
@@ -87,10 +88,10 @@ class Gate:
         """A gate command runs the repo's code: locale, PATH, the fire's id and ``[gate] pass_env``, no secret."""
         return child_env(self.env, (*BASE, *FIRE), self.cfg.gate.pass_env)
 
-    def undo(self, start_sha: str | None, dirty_before: set[str]) -> None:
+    def undo(self, ws: Workspace, start: Start) -> None:
         try:
-            gitops.restore_cycle(self.paths.repo, start_sha, dirty_before, self.git_policy)
-        except gitops.GitError as exc:
+            ws.undo(start)
+        except (gitops.GitError, OSError) as exc:
             # Loud, not fatal: the ledger still records the cycle as red and the claim is released.
             self.log.error("gate.undo_failed", error=str(exc)[:300])
 
@@ -99,28 +100,29 @@ class Gate:
         cycle: int,
         item: WorkItem,
         report: AgentReport,
-        start_sha: str | None,
-        dirty_before: set[str],
+        ws: Workspace,
+        start: Start,
         *,
         goals: Any = None,
         pre: dict[str, Any] | None = None,
     ) -> tuple[str, dict[str, Any]]:
-        """The cycle's result and the ledger fields the gate adds. ``goals`` measures after the cycle."""
+        """The cycle's result and the ledger fields the gate adds. ``goals`` measures after the cycle,
+        in the tree the agent worked in; a green change then lands (§8.1)."""
         crashpoint.reached("gate")
-        repo = self.paths.repo
-        extra: dict[str, Any] = {"cycle_start_sha": start_sha}
-        touched = (gitops.dirty_paths(repo) - dirty_before) | gitops.changed_since(repo, start_sha)
-        red = self.run_commands() if report.result in SUCCESS else None
+        tree = start.tree
+        extra: dict[str, Any] = {"cycle_start_sha": start.sha}
+        touched = (gitops.dirty_paths(tree) - start.dirty_before) | gitops.changed_since(tree, start.sha)
+        red = self.run_commands(tree) if report.result in SUCCESS else None
         verdict = judge(report.result, substantive=bool(gitops.substantive(touched)), red=red)
         if verdict.revert:
             if red:
                 self.log.warning("gate.fail", cycle=cycle, detail=red)
-            self.undo(start_sha, dirty_before)
+            self.undo(ws, start)
             extra.update(verdict.fields)
             return verdict.result, {**extra, **goal_fields(pre)}
         result = verdict.result
         extra.update(verdict.fields)
-        saved = self._commit(cycle, item, result, dirty_before)
+        saved = self._commit(cycle, item, result, start)
         if saved is not None:
             return saved[0], {**extra, **saved[1], **goal_fields(pre)}
         post = goals.measure_post() if goals is not None and pre is not None else None
@@ -128,7 +130,7 @@ class Gate:
         if lost:
             detail = "goal regressed: " + ", ".join(lost)
             self.log.warning("gate.fail", cycle=cycle, detail=detail)
-            self.undo(start_sha, dirty_before)
+            self.undo(ws, start)
             # The tree is back at the cycle's start, so the pre-cycle measurement is what stands now:
             # logging it keeps Step 1's goal-regression rule from halting on a reverted drop.
             return CycleResult.REGRESSED, {
@@ -138,16 +140,39 @@ class Gate:
                 "goals_regressed": lost,
                 **goal_fields(pre),
             }
-        head = gitops.head(repo)
-        if head and head != start_sha:
-            extra["sha"] = head
-            self._push()
+        landed = self._land(cycle, ws, start)
+        if landed is not None and landed[0] is not None:
+            return landed[0], {**extra, **landed[1], **goal_fields(pre)}
+        if landed is not None:
+            extra.update(landed[1])
         if self.cfg.gate.commands or post is not None:
             extra["gate"] = "PASS"
         return result, {**extra, **goal_fields(post or pre)}
 
+    def _land(
+        self, cycle: int, ws: Workspace, start: Start
+    ) -> tuple[CycleResult | None, dict[str, Any]] | None:
+        """Land the cycle's commits: (None, fields) when they are on the branch or wait for it; a
+        ``failed`` verdict when they could not be replayed onto a moved branch (kept under a ref)."""
+        try:
+            landing = ws.land(cycle, start)
+        except (gitops.GitError, OSError) as exc:
+            self.log.error("git.land_failed", cycle=cycle, error=str(exc)[:300])
+            self.undo(ws, start)
+            return CycleResult.FAILED, {"error_class": LAND_FAILED, "error": str(exc)[:300]}
+        if landing.outcome is Land.NOTHING:
+            return None
+        if landing.outcome is Land.CONFLICT:
+            return CycleResult.FAILED, {
+                "error_class": LAND_FAILED, "error": landing.detail[:300], "unlanded_ref": landing.ref,
+                "unlanded_sha": landing.sha,
+            }
+        if landing.outcome is Land.LANDED:
+            self._push()
+        return None, {"sha": landing.sha, **landing.fields}
+
     def _commit(
-        self, cycle: int, item: WorkItem, result: str, dirty_before: set[str]
+        self, cycle: int, item: WorkItem, result: str, start: Start
     ) -> tuple[CycleResult, dict[str, Any]] | None:
         """Commit the cycle's paths; None when that worked (or there was nothing to commit).
 
@@ -155,33 +180,32 @@ class Gate:
         saved under ``refs/evolve/uncommitted/<cycle>`` and the paths put back to HEAD, so the
         released item starts clean next time. Only when even that save fails is the tree left dirty.
         """
-        repo = self.paths.repo
-        to_commit = [p for p in (gitops.dirty_paths(repo) - dirty_before) if not gitops.is_internal(p)]
+        tree = start.tree
+        to_commit = [p for p in (gitops.dirty_paths(tree) - start.dirty_before) if not gitops.is_internal(p)]
         if not (self.cfg.git.commit and to_commit):
             return None
         message = gitops.commit_message(cycle, clean_text(item.title, 4000), result)
         try:
-            sha = gitops.commit_paths(repo, to_commit, message, self.git_policy)
+            sha = gitops.commit_paths(tree, to_commit, message, self.git_policy)
         except gitops.GitError as exc:
             self.log.error("git.commit_failed", cycle=cycle, error=str(exc))
             verdict = committed(CycleResult(result), str(exc))
-            return verdict.result, {**verdict.fields, **self._keep(cycle, sorted(to_commit), message)}
+            return verdict.result, {**verdict.fields, **self._keep(tree, cycle, sorted(to_commit), message)}
         if sha:
             self.log.info("git.commit", sha=sha, paths=len(to_commit))
         return None
 
-    def _keep(self, cycle: int, paths: list[str], message: str) -> dict[str, Any]:
+    def _keep(self, tree: Path, cycle: int, paths: list[str], message: str) -> dict[str, Any]:
         """Save an uncommitted change under a ref and restore its paths; the ledger fields saying where."""
-        repo = self.paths.repo
         try:
-            ref = gitops.save_uncommitted(repo, paths, cycle, message)
+            ref = gitops.save_uncommitted(tree, paths, cycle, message)
         except (gitops.GitError, OSError) as exc:
             self.log.error("git.save_failed", cycle=cycle, error=str(exc)[:300])
             return {"uncommitted_paths": paths, "uncommitted_left_in_tree": True}
         out: dict[str, Any] = {"uncommitted_ref": ref, "uncommitted_paths": paths}
         self.log.warning("git.uncommitted_saved", cycle=cycle, ref=ref, paths=len(paths))
         try:
-            gitops.restore_paths(repo, paths)
+            gitops.restore_paths(tree, paths)
         except (gitops.GitError, OSError) as exc:
             self.log.error("git.restore_failed", cycle=cycle, error=str(exc)[:300])
             out["uncommitted_left_in_tree"] = True  # saved, but also still there: say so
@@ -196,8 +220,8 @@ class Gate:
         except gitops.GitError as exc:
             self.log.error("git.push_failed", error=str(exc))
 
-    def run_commands(self) -> str | None:
-        """The first red gate command's one-line reason, or None when all are green."""
+    def run_commands(self, tree: Path | None = None) -> str | None:
+        """The first red gate command's one-line reason, or None when all are green (run in ``tree``)."""
         env = self.command_env()
         for argv in self.cfg.gate.commands:
             with tempfile.TemporaryDirectory(prefix="evolve-gate-") as tmp:
@@ -205,7 +229,7 @@ class Gate:
                 try:
                     proc = run_group(
                         argv,
-                        cwd=self.paths.repo,
+                        cwd=tree or self.paths.repo,
                         env=env,
                         limits=Limits(timeout_s=self.cfg.gate.timeout_s, grace_s=2.0, tail_bytes=0),
                         log_path=out,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from evolve.childenv import work_env
@@ -61,6 +62,11 @@ class Selector:
         )
         self.sources: list[WorkSource] = sources or [self.harvested, self.beads, self.goals]
         self.generated_preview: list[dict[str, Any]] = []
+
+    def work_in(self, tree: Path) -> None:
+        """Goals are measured where the agent works (its worktree, docs/DESIGN.md §8.1): the gate's
+        before/after comparison and the failing-goal rung then see the same tree."""
+        self.goals.repo = tree
 
     def source_for(self, name: str | None) -> WorkSource | None:
         for src in self.sources:

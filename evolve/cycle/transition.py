@@ -21,7 +21,7 @@ from typing import Any
 
 from evolve import exitcodes
 from evolve.cycle import budget
-from evolve.results import COMMIT_FAILED, SUCCESS, CycleResult
+from evolve.results import COMMIT_FAILED, LAND_FAILED, SUCCESS, CycleResult
 from evolve.store.session_state import SessionState
 from evolve.timeutil import utc_iso
 
@@ -191,7 +191,7 @@ def _attempts(
         claim is ClaimAction.RELEASE
         and facts.result in (CycleResult.FAILED, CycleResult.REGRESSED)
         and not facts.heavy
-        and facts.error_class not in ("limit", "interrupted", COMMIT_FAILED)
+        and facts.error_class not in ("limit", "interrupted", COMMIT_FAILED, LAND_FAILED)
     )
     if not counts:
         return attempts, parked, None

@@ -1,0 +1,175 @@
+"""Git for the agent's own worktree (docs/DESIGN.md §8.1): create it, set work aside, land commits.
+
+Everything goes through :func:`evolve.gitops.run_git` (no hooks, minimal environment, bounded). The
+branch the operator works on only ever moves by compare-and-swap (``update-ref <ref> <new> <old>``)
+or by git's own fast-forward in the checkout that has it, which refuses to overwrite a local change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from evolve import gitops
+from evolve.gitops import SAFE, GitError, GitPolicy, git, run_git
+
+PENDING_REF = "refs/evolve/pending/"  # green commits waiting for the operator's checkout to allow a fast-forward
+STRANDED_REF = "refs/evolve/stranded/"  # a dead cycle's work, set aside
+UNLANDED_REF = "refs/evolve/unlanded/"  # green commits that could not be rebased onto a moved branch
+# Per-checkout files the agent's worktree shares with the operator's checkout by a link: the
+# directory ``/evolve`` tooling writes to (git-ignored, so absent from a worktree) and the CLI's
+# local settings (autocompact, hooks). Listed in info/exclude so no ``git add -A`` picks the links up.
+SHARED = (".agents", ".claude/settings.local.json", "CLAUDE.local.md")
+
+
+def common_dir(repo: Path) -> Path:
+    out = git(repo, "rev-parse", "--git-common-dir").strip()
+    return (repo / out).resolve() if not os.path.isabs(out) else Path(out)
+
+
+def rev(repo: Path, ref: str) -> str | None:
+    proc = run_git(repo, "rev-parse", "--verify", "-q", f"{ref}^{{commit}}")
+    return proc.stdout.strip() or None if proc.returncode == 0 else None
+
+
+def branch_of(repo: Path) -> str | None:
+    """The full ref the checkout's HEAD names (``refs/heads/main``); None when detached or unborn."""
+    proc = run_git(repo, "symbolic-ref", "-q", "HEAD")
+    ref = proc.stdout.strip()
+    return ref if proc.returncode == 0 and ref.startswith("refs/heads/") and rev(repo, ref) else None
+
+
+def is_ancestor(repo: Path, older: str, newer: str) -> bool:
+    return run_git(repo, "merge-base", "--is-ancestor", older, newer).returncode == 0
+
+
+@dataclass(frozen=True)
+class Checkout:
+    path: Path
+    head: str | None
+    branch: str | None
+
+
+def checkouts(repo: Path) -> list[Checkout]:
+    """Every worktree of the repository (``git worktree list --porcelain -z``)."""
+    out = git(repo, "worktree", "list", "--porcelain", "-z")
+    found: list[Checkout] = []
+    rec: dict[str, str] = {}
+    for field_ in [*out.split("\0"), ""]:
+        if field_:
+            key, _, value = field_.partition(" ")
+            rec[key] = value
+            continue
+        if "worktree" in rec:
+            found.append(Checkout(Path(rec["worktree"]), rec.get("HEAD"), rec.get("branch")))
+        rec = {}
+    return found
+
+
+def update_ref(repo: Path, ref: str, new: str, old: str | None) -> bool:
+    """Compare-and-swap: ``ref`` moves to ``new`` only if it still is ``old`` (None: must not exist)."""
+    expect = old or "0" * 40
+    return run_git(repo, "update-ref", "-m", "evolve: land", ref, new, expect).returncode == 0
+
+
+def delete_ref(repo: Path, ref: str) -> None:
+    run_git(repo, "update-ref", "-d", ref)
+
+
+def refs(repo: Path, prefix: str) -> list[tuple[str, str]]:
+    """(ref, sha) under ``prefix``, oldest first by committer date."""
+    out = run_git(repo, "for-each-ref", "--sort=committerdate", "--format=%(refname) %(objectname)", prefix)
+    return [tuple(line.split(" ", 1)) for line in out.stdout.splitlines() if " " in line]  # type: ignore[misc]
+
+
+def ensure(repo: Path, path: Path, base: str, policy: GitPolicy = SAFE) -> Path:
+    """The agent's worktree at ``path``, detached at ``base``; made (again) when missing or broken."""
+    if (path / ".git").is_file() and rev(path, "HEAD") and _registered(repo, path):
+        return path
+    if path.exists() or path.is_symlink():
+        run_git(repo, "worktree", "remove", "--force", str(path))
+    run_git(repo, "worktree", "prune")
+    if path.exists():  # not a worktree of ours at all: never delete what we did not make
+        raise GitError(f"{path} exists and is not this repository's worktree; set [git] worktree_dir")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    git(repo, "worktree", "add", "-q", "--detach", str(path), base, policy=policy)
+    return path
+
+
+def _registered(repo: Path, path: Path) -> bool:
+    with contextlib.suppress(OSError, GitError):
+        return any(c.path.resolve() == path.resolve() for c in checkouts(repo))
+    return False
+
+
+def share(repo: Path, tree: Path) -> None:
+    """Link the per-checkout files of :data:`SHARED` from the operator's checkout into the worktree."""
+    exclude = common_dir(repo) / "info" / "exclude"
+    lines = exclude.read_text(encoding="utf-8", errors="replace").splitlines() if exclude.exists() else []
+    want = [f"/{name}" for name in SHARED if f"/{name}" not in lines]
+    if want:
+        exclude.parent.mkdir(parents=True, exist_ok=True)
+        with open(exclude, "a", encoding="utf-8") as fh:
+            fh.write(("\n" if lines and lines[-1] else "") + "# evolve: links in its agent worktree\n")
+            fh.write("".join(f"{w}\n" for w in want))
+    for name in SHARED:
+        source, link = repo / name, tree / name
+        if name == ".agents":
+            source.mkdir(exist_ok=True)
+        if link.is_symlink() or link.exists() or not (source.exists() or source.is_symlink()):
+            continue  # tracked in the repository (then the worktree has its own), or nothing to share
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(source)
+
+
+def reset(tree: Path, sha: str, policy: GitPolicy = SAFE) -> None:
+    """The worktree exactly at ``sha``: changes and untracked files gone (ignored ones and the links stay)."""
+    git(tree, "reset", "-q", "--hard", sha, policy=policy)
+    git(tree, "clean", "-q", "-f", "-d", policy=policy)
+
+
+def save_tree(tree: Path, paths: Iterable[str], ref: str, message: str) -> str:
+    """A commit of ``paths`` as they are in ``tree`` now, on its HEAD, kept under ``ref``.
+
+    A scratch index (the worktree's own may be held by a killed git's ``index.lock``), no signing.
+    """
+    ident = gitops._identity(tree)
+    paths = sorted(set(paths))
+    with tempfile.TemporaryDirectory(prefix="evolve-save-") as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index"), **ident}
+        base = gitops.head(tree)
+        if base:
+            git(tree, "read-tree", base, extra_env=env)
+        if paths:
+            git(tree, "add", "-A", "--", *paths, extra_env=env)
+        snap = git(tree, "write-tree", extra_env=env).strip()
+        parent = ["-p", base] if base else []
+        sha = git(tree, "commit-tree", snap, *parent, "-m", message, extra_env=env).strip()
+    git(tree, "update-ref", ref, sha)
+    return ref
+
+
+def changed(repo: Path, old: str, new: str) -> set[str]:
+    out = git(repo, "diff", "--name-only", "-z", "--no-renames", old, new)
+    return {p for p in out.split("\0") if p}
+
+
+def fast_forward(checkout: Path, new: str, policy: GitPolicy = SAFE) -> bool:
+    """Git's own fast-forward in the operator's checkout: refuses (False) rather than touch a local change."""
+    ident = gitops._identity(checkout)
+    return run_git(checkout, "merge", "-q", "--ff-only", "--no-edit", new, policy=policy,
+                   extra_env=ident).returncode == 0
+
+
+def rebase(tree: Path, onto: str, upstream: str, policy: GitPolicy = SAFE) -> str | None:
+    """Replay the worktree's commits after ``upstream`` onto ``onto``; the new HEAD, or None on conflict."""
+    ident = gitops._identity(tree)
+    proc = run_git(tree, "rebase", "-q", "--onto", onto, upstream, policy=policy, extra_env=ident)
+    if proc.returncode != 0:
+        run_git(tree, "rebase", "--abort", policy=policy, extra_env=ident)
+        return None
+    return gitops.head(tree)
