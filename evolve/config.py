@@ -107,7 +107,7 @@ class GitConfig:
     run_hooks: bool = False  # evolve's own git runs the repo's hooks (still with the minimal env)
     sign: bool = False  # evolve's commits are signed (gpg gets GNUPGHOME, GPG_TTY, SSH_AUTH_SOCK)
     timeout_s: float = 300  # one git command's limit (also capped by the fire's remaining max_minutes)
-    # Where the agent works (docs/DESIGN.md §8.1): "worktree" = evolve's own git worktree, landed on the
+    # Where the agent works (docs/DESIGN.md §8.3): "worktree" = evolve's own git worktree, landed on the
     # operator's branch by compare-and-swap; "none" = in the operator's checkout (hand fires, no operator).
     isolation: str = "worktree"
     worktree_dir: str = ""  # the agent's worktree; "" = <state dir>/worktree (stable: sessions resume)

@@ -69,7 +69,7 @@ class Paths:
 
     @property
     def landing_intent(self) -> Path:
-        """A fast-forward of the operator's checkout in progress (docs/DESIGN.md §8.1)."""
+        """A fast-forward of the operator's checkout in progress (docs/DESIGN.md §8.3)."""
         return self._e("landing.json")
 
     @property

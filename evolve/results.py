@@ -41,7 +41,7 @@ UNSUCCESSFUL: frozenset[str] = FAILURES | {CycleResult.INTERRUPTED, CycleResult.
 # the gate could not commit a green change (issue 15). The cycle is ``failed``, the item released and
 # not charged an attempt (the repo, not the item, is at fault); it does count for the breaker.
 COMMIT_FAILED = "commit_failed"
-# The gate's green commits could not land (docs/DESIGN.md §8.1): the operator's branch moved and they do
+# The gate's green commits could not land (docs/DESIGN.md §8.3): the operator's branch moved and they do
 # not replay onto it, or are red there. Kept under ``refs/evolve/unlanded/<cycle>``; the item is released
 # and not charged an attempt (it did nothing wrong), and it is retried on the new base.
 LAND_FAILED = "land_conflict"

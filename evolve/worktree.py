@@ -1,4 +1,4 @@
-"""Git for the agent's own worktree (docs/DESIGN.md §8.1): create it, set work aside, land commits.
+"""Git for the agent's own worktree (docs/DESIGN.md §8.3): create it, set work aside, land commits.
 
 Everything goes through :func:`evolve.gitops.run_git` (no hooks, minimal environment, bounded). The
 branch the operator works on only ever moves by compare-and-swap (``update-ref <ref> <new> <old>``)
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -86,18 +87,34 @@ def refs(repo: Path, prefix: str) -> list[tuple[str, str]]:
     return [tuple(line.split(" ", 1)) for line in out.stdout.splitlines() if " " in line]  # type: ignore[misc]
 
 
-def ensure(repo: Path, path: Path, base: str, policy: GitPolicy = SAFE) -> Path:
-    """The agent's worktree at ``path``, detached at ``base``; made (again) when missing or broken."""
+def ensure(repo: Path, path: Path, base: str, policy: GitPolicy = SAFE) -> bool:
+    """The agent's worktree at ``path``, detached at ``base``; made (again) when missing or broken.
+
+    True when it had to be made. What is at ``path`` is only ever removed when it is this repository's
+    worktree (its ``.git`` file points into our ``worktrees/``), never anything else.
+    """
     if (path / ".git").is_file() and rev(path, "HEAD") and _registered(repo, path):
-        return path
+        return False
     if path.exists() or path.is_symlink():
+        if not _ours(repo, path):
+            raise GitError(f"{path} exists and is not this repository's worktree; move it or set [git] worktree_dir")
         run_git(repo, "worktree", "remove", "--force", str(path))
+        if path.exists():  # ours, but git cannot remove it (its HEAD broken): the files go, it is rebuilt
+            shutil.rmtree(path)
     run_git(repo, "worktree", "prune")
-    if path.exists():  # not a worktree of ours at all: never delete what we did not make
-        raise GitError(f"{path} exists and is not this repository's worktree; set [git] worktree_dir")
     path.parent.mkdir(parents=True, exist_ok=True)
     git(repo, "worktree", "add", "-q", "--detach", str(path), base, policy=policy)
-    return path
+    return True
+
+
+def _ours(repo: Path, path: Path) -> bool:
+    if path.is_symlink() or not (path / ".git").is_file():
+        return False
+    text = (path / ".git").read_text(encoding="utf-8", errors="replace").strip()
+    if not text.startswith("gitdir:"):
+        return False
+    gitdir = Path(os.path.normpath(path / text[len("gitdir:"):].strip()))
+    return gitdir.parent == common_dir(repo) / "worktrees"
 
 
 def _registered(repo: Path, path: Path) -> bool:

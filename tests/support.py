@@ -163,7 +163,7 @@ def env(tmp_path: Path) -> Env:
     root = tmp_path
     repo = root / "repo"
     repo.mkdir()
-    git(repo, "init", "-q")
+    git(repo, "init", "-q", "-b", "main")
     (repo / "README.md").write_text("# test repo\n", encoding="utf-8")
     git(repo, "add", "README.md")
     git(repo, "commit", "-q", "-m", "initial")

@@ -148,7 +148,7 @@ def test_sigterm_records_interrupted_and_exits_143(env: Env) -> None:
     fire = subprocess.Popen([sys.executable, "-m", "evolve", "--repo", str(env.repo), "fire"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env.env())
     _wait_for(lambda: _agent_pgid(env) is not None)
-    _wait_for(lambda: (env.repo / "half.txt").exists())
+    _wait_for(lambda: (env.tree / "half.txt").exists())
     pgid = env.state()["fire"]["agent_pgid"]
     fire.send_signal(signal.SIGTERM)
     fire.communicate(timeout=60)
@@ -156,7 +156,7 @@ def test_sigterm_records_interrupted_and_exits_143(env: Env) -> None:
     assert results(env.ledger()) == ["interrupted"]
     assert not group_alive(pgid)
     # The cycle's partial change is undone; the claim is back in the queue.
-    assert not (env.repo / "half.txt").exists()
+    assert not (env.tree / "half.txt").exists() and not (env.repo / "half.txt").exists()
     queue = live(env.paths.nextwork)
     assert queue[0]["items"][0]["claim_status"] == "available"
     assert env.state()["fire"] is None
@@ -181,6 +181,7 @@ def test_hard_and_idle_timeouts_kill_the_agent_group(env: Env, fire_inproc) -> N
 
 
 def test_unexpected_error_mid_cycle_is_reconciled_as_a_crash(env: Env, cli) -> None:
+    env.write_config(git={"isolation": "none"})  # the agent breaks the operator's own checkout
     env.queue(entry("alpha"))
     head = (env.repo / ".git" / "HEAD").read_bytes()
     # The agent breaks the repository under evolve's feet: git itself now fails.

@@ -69,7 +69,7 @@ def start_hanging_fire(env: Env, **popen: object) -> subprocess.Popen[bytes]:
     fire = subprocess.Popen([sys.executable, "-m", "evolve", "--repo", str(env.repo), "fire"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env.env(), **popen)
     wait_for(lambda: fire_record(env).get("agent_pgid") is not None, what="agent_pgid recorded")
-    wait_for(lambda: (env.repo / "half.txt").exists(), what="the agent's partial change")
+    wait_for(lambda: (env.tree / "half.txt").exists(), what="the agent's partial change")
     assert claim_status(env) == "in_progress"
     return fire
 
@@ -82,7 +82,7 @@ def test_sighup_stops_a_fire_like_sigterm(env: Env) -> None:
     assert fire.returncode == 143, (fire.returncode, err[-2000:])
     assert results(env.ledger()) == ["interrupted"]
     wait_for(lambda: not group_alive(pgid), what="the agent's group gone")
-    assert not (env.repo / "half.txt").exists()  # the cycle's partial change was undone
+    assert not (env.tree / "half.txt").exists() and not (env.repo / "half.txt").exists()  # undone
     assert claim_status(env) == "available"  # the claim went back to the queue
     assert env.state()["fire"] is None and env.state()["claimed_work"] is None
 
@@ -147,7 +147,7 @@ def test_a_setsid_escapee_is_reaped_when_its_fire_raises(env: Env, cli) -> None:
     """The same escapee, then the agent breaks git under evolve's feet: the fire fails (exit 1) and
     leaves session-state.fire for the next fire, but its escapee is gone already."""
     pidfile = env.root / "escapee.pid"
-    breaking = ESCAPING_AGENT + 'echo garbage > .git/HEAD\n'
+    breaking = ESCAPING_AGENT + 'echo garbage > "$(git rev-parse --git-path HEAD)"\n'
     env.write_config(agent={"argv": ["sh", "-c", breaking, "agent", str(pidfile)]})
     env.queue(entry("alpha"))
     r = cli("fire", "--cycles", "1")

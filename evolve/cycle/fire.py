@@ -106,7 +106,7 @@ class Fire:
         self.mode = opts.mode or cfg.fire.mode
         self.selector = Selector(paths, cfg, self.env, self.log, write=not opts.dry_run, sources=sources, clock=clock)
         self.gate = Gate(paths, cfg, self.log, self.env)
-        # Where the agent works: the operator's checkout until _locked opens the configured one (§8.1).
+        # Where the agent works: the operator's checkout until _locked opens the configured one (§8.3).
         self.ws: workspace.Workspace = workspace.InPlace(paths.repo, self.gate.git_policy, self.log)
         self.ctx = FireContext(
             paths, cfg, self.ledger, self.log, clock, self.fire_id, self.env, self.selector,
@@ -219,7 +219,7 @@ class Fire:
         return self._ended(outcome)
 
     def _open_workspace(self, outcome: FireOutcome) -> bool:
-        """The agent's tree for this fire (§8.1): made, a dead cycle's work set aside, waiting commits
+        """The agent's tree for this fire (§8.3): made, a dead cycle's work set aside, waiting commits
         landed, standing at the base. False (the fire ends, exit 1) when git cannot give us one."""
         try:
             ws = workspace.open_workspace(

@@ -107,7 +107,7 @@ class Gate:
         pre: dict[str, Any] | None = None,
     ) -> tuple[str, dict[str, Any]]:
         """The cycle's result and the ledger fields the gate adds. ``goals`` measures after the cycle,
-        in the tree the agent worked in; a green change then lands (§8.1)."""
+        in the tree the agent worked in; a green change then lands (§8.3)."""
         crashpoint.reached("gate")
         tree = start.tree
         extra: dict[str, Any] = {"cycle_start_sha": start.sha}

@@ -64,7 +64,7 @@ class Selector:
         self.generated_preview: list[dict[str, Any]] = []
 
     def work_in(self, tree: Path) -> None:
-        """Goals are measured where the agent works (its worktree, docs/DESIGN.md §8.1): the gate's
+        """Goals are measured where the agent works (its worktree, docs/DESIGN.md §8.3): the gate's
         before/after comparison and the failing-goal rung then see the same tree."""
         self.goals.repo = tree
 

@@ -1,4 +1,4 @@
-"""Where the agent works, and how its green commits reach the operator's branch (docs/DESIGN.md §8.1).
+"""Where the agent works, and how its green commits reach the operator's branch (docs/DESIGN.md §8.3).
 
 ``[git] isolation = "worktree"`` (the default): the agent runs in evolve's own git worktree at a stable
 path, detached at the *base* (the branch tip, or the tip of green commits still waiting to land). The
@@ -131,7 +131,8 @@ class Isolated:
         what a dead cycle left in it, land what waits, and stand at the base."""
         self._settle_intent()
         base = self.base()
-        worktree.ensure(self.repo, self.tree, base, self.policy)
+        if worktree.ensure(self.repo, self.tree, base, self.policy):
+            self.log.info("workspace.made", path=str(self.tree), base=base)
         self._clear_stale_lock()
         worktree.share(self.repo, self.tree)
         self._set_aside(cycle, base)
@@ -183,7 +184,7 @@ class Isolated:
     # -- landing -------------------------------------------------------------------------------
 
     def land(self, cycle: int, start: Start) -> Landing:
-        """Put the worktree's new commits on the branch (§8.1); the worktree then stands at the new base."""
+        """Put the worktree's new commits on the branch (§8.3); the worktree then stands at the new base."""
         new = gitops.head(self.tree)
         if not new or new == start.sha:
             return Landing(Land.NOTHING)

@@ -107,6 +107,18 @@ def nudge(project: Path, env: Mapping[str, str]) -> str | None:
 # -- the re-injection ------------------------------------------------------------------------
 
 
+def _contained(root: Path, target: Path) -> Path:
+    """``target`` relative to ``root``; in evolve's agent worktree ``.agents`` is a link to the
+    repository's own (docs/DESIGN.md §8.3), and a plan there is as much the repository's."""
+    try:
+        return target.relative_to(root)
+    except ValueError:
+        link = root / ".agents"
+        if not link.is_symlink():
+            raise
+        return Path(".agents") / target.relative_to(link.resolve())
+
+
 def contained_plan(project: Path, raw: object) -> tuple[str, Path] | None:
     """(display path relative to the repo, resolved file) when ``raw`` names a regular file inside it."""
     if not isinstance(raw, str) or not raw or "\0" in raw or len(raw) > 4096:
@@ -114,7 +126,7 @@ def contained_plan(project: Path, raw: object) -> tuple[str, Path] | None:
     try:
         root = project.resolve()
         target = (root / raw).resolve()
-        rel = target.relative_to(root)
+        rel = _contained(root, target)
     except (OSError, ValueError, RuntimeError):
         return None
     if not target.is_file():

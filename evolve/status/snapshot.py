@@ -20,7 +20,7 @@ import fcntl
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from evolve.cycle import halt as step1
 from evolve.harness import autocompact
 from evolve.paths import Paths
 from evolve.results import COMMIT_FAILED, FAILURES
+from evolve.status import setaside
 from evolve.status.schedule import NextFire, next_fire
 from evolve.store.atomic import read_json
 from evolve.store.ledger import Ledger
@@ -168,6 +169,7 @@ class StatusSnapshot:
     warnings: tuple[str, ...]
     config_error: str | None
     generated_at: str
+    set_aside: dict[str, list[str]] = field(default_factory=dict)  # refs/evolve/<kind>/... (§8.3)
 
     def as_json(self) -> dict[str, Any]:
         """What ``evolve status --json`` prints (its keys and their order are a published schema)."""
@@ -468,6 +470,9 @@ def read_snapshot(
     halt = _halt(found, ttl_s, now, tail.entries, st.ack_regression_cycle)
     last = tail.entries[-1] if tail.entries else None
     degraded = _degraded(breaker, last, fire, running, config_error)
+    set_aside = setaside.evolve_refs(paths.repo)
+    aside_degraded, aside_warnings = setaside.lines(paths.repo, set_aside)
+    degraded += aside_degraded
     health = HALTED if halt else DEGRADED if degraded else HEALTHY
     return StatusSnapshot(
         repo=str(paths.repo),
@@ -499,9 +504,10 @@ def read_snapshot(
         autocompact=autocompact_info(paths.repo, env),
         recent=tail.entries[-recent:] if recent > 0 else [],
         malformed_lines_seen=tail.malformed,
-        warnings=tuple(_warnings(markers, tail.malformed, last)),
+        warnings=tuple(_warnings(markers, tail.malformed, last) + aside_warnings),
         config_error=config_error,
         generated_at=utc_iso(now),
+        set_aside=set_aside,
     )
 
 
