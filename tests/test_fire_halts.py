@@ -221,6 +221,10 @@ def test_dry_run_writes_nothing(env: Env, cli) -> None:
     assert agent["argv"][:3] == [sys.executable, "-m", "evolve.agent.scripted"]
     assert agent["env"]["EVOLVE_CYCLE"] == "1" and "alpha" in agent["prompt"]
     assert env.calls() == []
+    # Where the agent would work (docs/DESIGN.md §8.3), shown, not made.
+    assert plan["workspace"] == {"isolation": "worktree", "tree": str(env.tree), "branch": "refs/heads/main",
+                                 "pending_ref": "refs/evolve/pending/main"}
+    assert agent["env"]["EVOLVE_REPO"] == str(env.tree) and not env.tree.exists()
 
 
 def test_observers_hear_halts_and_fire_ends_and_never_break_a_fire(env: Env) -> None:

@@ -710,7 +710,10 @@ class Fire:
             plan["selection"] = None
             if sel.item is not None:
                 agent_plan, inv = self._plan_agent(cycle, sel.item, d.restorative, new_id="<new-session-uuid>")
-                argv, env_changes = self._runner().plan(inv)
+                ws = workspace.open_workspace(self.paths.repo, self.paths.evolve_dir, self.cfg.git,
+                                              self.gate.git_policy, self.log, self.paths.landing_intent)
+                plan["workspace"] = workspace.describe(ws)
+                argv, env_changes = self._runner().plan(replace(inv, repo=ws.tree))
                 plan["selection"] = {**sel.item.as_json(), "ref": sel.item.ref, "rung": sel.rung}
                 plan["agent"] = dryrun.agent_json(agent_plan, inv, argv, env_changes)
         self.log.info("fire.dry_run", **{k: v for k, v in plan.items() if k != "agent"})

@@ -292,3 +292,10 @@ def open_workspace(repo: Path, evolve_dir: Path, cfg_git: Any, policy: GitPolicy
     if not tree.is_absolute():
         tree = repo / tree
     return Isolated(repo, tree, branch, policy, log, intent, regate)
+
+
+def describe(ws: Workspace) -> dict[str, Any]:
+    """What ``fire --dry-run`` shows: where the agent would work and where its commits would land."""
+    if isinstance(ws, Isolated):
+        return {"isolation": "worktree", "tree": str(ws.tree), "branch": ws.branch, "pending_ref": ws.pending_ref}
+    return {"isolation": "none", "tree": str(ws.tree)}
