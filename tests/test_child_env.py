@@ -131,6 +131,7 @@ def test_undo_runs_no_hook_either(env: Env, cli) -> None:
     start = git(env.repo, "rev-parse", "HEAD").strip()
     out = _setup(env, {"write": {"committed.md": "x\n", "tracked.txt": "v2\n"}, "commit": ["committed.md"]},
                  gate_ok=False)
+    env.write_config(git={"isolation": "none"})  # the in-place undo (a revert); a worktree is just reset
     _fire(env, cli)
     assert env.ledger()[-1]["result"] == "regressed"
     subjects = git(env.repo, "log", "--format=%s", f"{start}..HEAD").splitlines()
@@ -271,6 +272,8 @@ def test_governor_and_goal_checks_get_the_allow_listed_env(env: Env, cli) -> Non
     (env.repo / "GOALS.yaml").write_text(
         "version: 1\ngoals:\n  - id: envdump\n    description: dump the env\n"
         f"    check: env > {env.root}/goal-env.txt\n    weight: 1\n")
+    git(env.repo, "add", "GOALS.yaml")  # goals are measured in the agent's worktree: the committed file
+    git(env.repo, "commit", "-q", "-m", "goals")
     _fire(env, cli)
     got = orjson.loads(gov.read_bytes())
     assert got["GOV_KEY"] == "g" and "EVOLVE_FIRE_ID" in got and _leaks(orjson.dumps(got).decode()) == []

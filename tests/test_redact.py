@@ -152,6 +152,7 @@ EXEMPT = {
     "cycle/side.py:dormant": "counts only",
     "log.py": "structlog renders after the _redact processor",
     "gitops.py:commit_paths": "the message comes from commit_message, which redacts",
+    "worktree.py:share": "info/exclude lines: fixed names", "cycle/workspace.py:_fast_forward": "refs and shas",
     "cycle/gate.py:_commit": "the message comes from gitops.commit_message, which redacts",
     "cycle/side.py:idle": "DORMANT: counts and times",
     "metrics.py:update": "render() redacts every label (Exposition)",
