@@ -11,7 +11,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.support import CliResult, Env, entry, git, results
+import orjson
+from support import CliResult, Env, entry, git, improved_step, results
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "AGENTS.md"
 
@@ -40,9 +41,7 @@ def _assert_git_clean(env: Env) -> None:
 # -- item 3: the command-runner contract -------------------------------------------------------
 
 
-def test_documented_example_agent_reporting_on_stdout_lands_its_work(
-    env: Env, cli: Callable[..., CliResult]
-) -> None:
+def test_documented_example_agent_reporting_on_stdout_lands_its_work(env: Env, cli: Callable[..., CliResult]) -> None:
     script = _doc_agent(env)
     env.write_config(agent={"argv": [str(script)], "pass_env": []})
     env.queue(entry("add a note"))
@@ -54,3 +53,127 @@ def test_documented_example_agent_reporting_on_stdout_lands_its_work(
     assert (env.repo / "NOTES.md").read_text() == "- add a note\n"
     assert git(env.repo, "log", "-1", "--format=%H").strip() == ledger[-1]["sha"]
     _assert_git_clean(env)
+
+
+# -- item 2: why a cycle went red is kept ------------------------------------------------------
+
+APP = "def add(a, b):\n    return a + b\n"
+TESTS = "from app import add\n\n\ndef test_add():\n    assert add(2, 3) == 5, 'add is broken'\n"
+PYTEST = [sys.executable, "-B", "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_app.py"]
+SECRET = "sk-ant-api03-" + "k" * 40
+BREAK = {
+    "write": [{"path": "app.py", "content": "def add(a, b):\n    return a - b\n"}],
+    "report": {"result": "improved"},
+}
+
+
+def _project(env: Env, gate: list[list[str]]) -> str:
+    (env.repo / "app.py").write_text(APP)
+    (env.repo / "test_app.py").write_text(TESTS)
+    git(env.repo, "add", "app.py", "test_app.py")
+    git(env.repo, "commit", "-q", "-m", "app")
+    env.write_config(gate={"commands": gate, "timeout_s": 60})
+    return git(env.repo, "rev-parse", "HEAD").strip()
+
+
+def test_a_red_gate_keeps_the_failing_command_and_its_output_tail(env: Env, cli: Callable[..., CliResult]) -> None:
+    # The second gate command prints a secret of the fire's environment, then fails: it is masked everywhere.
+    leak = [sys.executable, "-c", f"print('token {SECRET}'); print('pytest said no'); raise SystemExit(3)"]
+    start = _project(env, [[sys.executable, "-c", "print('lint ok')"], leak])
+    env.queue(entry("speed up add"))
+    env.steps([BREAK, improved_step()])
+    r = cli("fire", "--cycles", "1", extra_env={"ANTHROPIC_API_KEY": SECRET})
+    assert r.code == 0, r.stderr
+    e = env.ledger()[-1]
+    assert e["result"] == "regressed"
+    # gate_detail names the command that failed (not just "python"), and the output's tail is kept.
+    assert e["gate_detail"].startswith(sys.executable) and e["gate_detail"].endswith(": exit 3"), e
+    assert " -c " in e["gate_detail"] and SECRET not in e["gate_detail"]
+    assert "pytest said no" in e["gate_output"] and SECRET not in e["gate_output"]
+    run_log = Path(e["run_log"])
+    assert run_log == env.paths.runs_dir / f"cycle-{e['cycle']}.log"
+    log_text = run_log.read_text()
+    assert "--- evolve gate:" in log_text and "pytest said no" in log_text and SECRET not in log_text
+    assert SECRET not in env.paths.ledger.read_text()
+    # history, status (text and JSON) show it.
+    h = cli("history")
+    assert "gate: " in h.stdout and "| pytest said no" in h.stdout and SECRET not in h.stdout
+    s = cli("status")
+    assert "last red   #1" in s.stdout and "| pytest said no" in s.stdout and str(run_log) in s.stdout
+    js = cli("status", "--json")
+    red = orjson.loads(js.stdout)["last_red"]
+    assert red["cycle"] == e["cycle"] and red["gate_detail"] == e["gate_detail"]
+    assert git(env.repo, "rev-parse", "HEAD").strip() == start and (env.repo / "app.py").read_text() == APP
+    _assert_git_clean(env)
+
+
+def test_the_next_attempt_at_the_item_is_told_why_the_last_was_reverted(
+    env: Env, cli: Callable[..., CliResult]
+) -> None:
+    _project(env, [PYTEST])
+    env.queue(entry("speed up add"))
+    env.steps([BREAK, improved_step()])
+    assert cli("fire", "--cycles", "2").code == 0
+    ledger = env.ledger()
+    assert results(ledger) == ["regressed", "improved"], ledger
+    first, second = (c["prompt"] for c in env.calls())
+    assert "your last attempt was reverted because" not in first
+    assert "your last attempt was reverted because: cycle 1 (regressed):" in second
+    assert "-m pytest" in second and "add is broken" in second  # the command and pytest's own words
+    _assert_git_clean(env)
+
+
+def test_a_regressed_goal_keeps_its_check_output(env: Env, cli: Callable[..., CliResult]) -> None:
+    (env.repo / "app.py").write_text(APP)
+    (env.repo / "GOALS.yaml").write_text(
+        "version: 3\nmission: m\ngoals:\n  - id: app-adds\n    description: add adds\n"
+        "    check: \"grep -q 'a + b' app.py || { echo 'app.py lost a + b'; exit 1; }\"\n    weight: 5\n"
+    )
+    git(env.repo, "add", "app.py", "GOALS.yaml")
+    git(env.repo, "commit", "-q", "-m", "goals")
+    env.queue(entry("refactor add"))
+    env.steps([BREAK])
+    assert cli("fire", "--cycles", "1").code == 0
+    e = env.ledger()[-1]
+    assert e["result"] == "regressed" and e["gate_detail"] == "goal regressed: app-adds", e
+    assert "app.py lost a + b" in e["gate_output"]
+    assert "goal app-adds: fail" in Path(e["run_log"]).read_text()
+    assert (env.repo / "app.py").read_text() == APP
+    _assert_git_clean(env)
+
+
+def test_output_tail_and_excerpt_are_bounded_tails() -> None:
+    from evolve.cycle.gate import EXCERPT_CHARS, command_label, excerpt, output_tail
+
+    text = "".join(f"line {i}\r\n" for i in range(100)) + "\x1b[31mred\x1b[0m\n"
+    tail = output_tail(text, lines=3, cap=1000)
+    assert tail == "line 98\nline 99\n[31mred[0m"  # control characters dropped, CRLF folded
+    assert output_tail("x" * 50, lines=5, cap=10) == "…" + "x" * 9
+    assert excerpt("   \n") == "" and len(excerpt("y" * 5000)) == EXCERPT_CHARS
+    assert command_label(["python", "-c", "print('a b')"]) == "python -c 'print('\"'\"'a b'\"'\"')'"
+    assert command_label(["x" * 500]).endswith("…") and len(command_label(["x" * 500])) == 160
+
+
+def test_last_attempt_note_table() -> None:
+    from evolve.cycle.entry import last_attempt_note
+
+    red = {
+        "work_ref": "r1",
+        "cycle": 4,
+        "result": "regressed",
+        "gate_detail": "pytest: exit 1",
+        "gate_output": "E boom",
+    }
+    failed = {"work_ref": "r1", "cycle": 5, "result": "failed", "error_class": "timeout", "error": "agent hard timeout"}
+    good = {"work_ref": "r1", "cycle": 6, "result": "improved"}
+    other = {"work_ref": "r2", "cycle": 7, "result": "regressed", "gate_detail": "other"}
+    rows = [
+        ([], ""),
+        ([red], "cycle 4 (regressed): pytest: exit 1\noutput tail:\nE boom"),
+        ([red, other], "cycle 4 (regressed): pytest: exit 1\noutput tail:\nE boom"),
+        ([red, failed], "cycle 5 (failed): agent hard timeout"),
+        ([red, good], ""),  # once it landed, an older red is no longer news
+        ([other], ""),
+    ]
+    for entries, want in rows:
+        assert last_attempt_note(entries, "r1") == want, entries

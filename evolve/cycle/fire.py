@@ -32,7 +32,7 @@ from evolve.config import Config
 from evolve.cycle import budget, dryrun, halt, recovery, retention, scout, side, transition, watch
 from evolve.cycle import step1 as step1_shell
 from evolve.cycle.context import FireContext, Observer
-from evolve.cycle.entry import agent_fields, base_entry
+from evolve.cycle.entry import agent_fields, base_entry, last_attempt_note
 from evolve.cycle.gate import Gate
 from evolve.cycle.handoff import handoff_text, milestone
 from evolve.cycle.select import Selector
@@ -494,6 +494,7 @@ class Fire:
                 facts=(*prompt.read_learnings(self.paths.repo), *self.state.percepts),
                 post_compact=self.state.post_compact,
                 new_id=new_id,
+                last_attempt=last_attempt_note(self.ledger.tail(500).entries, item.ref),
             )
         )
         self._plan = plan

@@ -168,6 +168,7 @@ class StatusSnapshot:
     warnings: tuple[str, ...]
     config_error: str | None
     generated_at: str
+    last_red: dict[str, Any] | None = None  # the newest red cycle in the tail: its command and output tail
 
     def as_json(self) -> dict[str, Any]:
         """What ``evolve status --json`` prints (its keys and their order are a published schema)."""
@@ -432,6 +433,15 @@ def _warnings(markers: Mapping[str, MarkerInfo], malformed: int, last: dict[str,
     return out
 
 
+def _last_red(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The newest entry of the tail that went red at the gate, with why (issue 16: the reason is kept)."""
+    for e in reversed(entries):
+        if e.get("gate_detail"):
+            keys = ("cycle", "timestamp", "work_ref", "target", "result", "gate_detail", "gate_output", "run_log")
+            return {k: e.get(k) for k in keys}
+    return None
+
+
 # -- reading it all --------------------------------------------------------------------------
 
 
@@ -502,6 +512,7 @@ def read_snapshot(
         warnings=tuple(_warnings(markers, tail.malformed, last)),
         config_error=config_error,
         generated_at=utc_iso(now),
+        last_red=_last_red(tail.entries),
     )
 
 
