@@ -177,3 +177,131 @@ def test_last_attempt_note_table() -> None:
     ]
     for entries, want in rows:
         assert last_attempt_note(entries, "r1") == want, entries
+
+
+# -- item 4: infrastructure failures are not the work item's fault -----------------------------
+
+
+def _notifier(env: Env) -> Path:
+    """A real notify command that appends each event (JSON on stdin) to a file."""
+    out = env.root / "events.jsonl"
+    script = env.root / "notify.py"
+    script.write_text(f"import sys\nopen({str(out)!r}, 'a').write(sys.stdin.read().strip() + '\\n')\n")
+    env.write_config(notify={"command": [sys.executable, str(script)], "timeout_s": 30})
+    return out
+
+
+def _events(path: Path) -> list[dict]:
+    return [orjson.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
+
+
+def _queue_item(env: Env) -> dict:
+    items = [it for line in env.paths.nextwork.read_text().splitlines() for it in orjson.loads(line)["items"]]
+    assert len(items) == 1
+    return items[0]
+
+
+def test_a_missing_agent_binary_exits_78_before_claiming_and_charges_nothing(
+    env: Env, cli: Callable[..., CliResult]
+) -> None:
+    events = _notifier(env)
+    env.write_config(agent={"argv": [str(env.root / "no-such-agent")]})
+    env.queue(entry("fix the thing"))
+    for _ in range(4):  # more fires than the attempt budget and the breaker's count
+        r = cli("fire")
+        assert r.code == 78, (r.code, r.stderr)
+        assert "preflight.failed" in r.names()
+    assert env.ledger() == []  # no cycle ran, so none was charged
+    state = env.state() if env.paths.state.exists() else {}
+    assert not state.get("attempts") and not state.get("consecutive_failures")
+    assert state.get("breaker_open_until") is None and not state.get("parked_items")
+    item = _queue_item(env)
+    assert item.get("claim_status") in (None, "available") and "status" not in item  # neither claimed nor parked
+    assert [e["event"] for e in _events(events)] == ["preflight.failed"] * 4
+    s = cli("status")
+    assert s.code == 1 and "agent preflight fails" in s.stdout and "no-such-agent" in s.stdout
+    # doctor says the same thing, from the same check.
+    d = cli("doctor")
+    assert d.code == 1 and "no-such-agent" in d.stdout and "not found on PATH" in d.stdout
+    _assert_git_clean(env)
+
+
+def test_an_empty_base_url_exits_78(env: Env, cli: Callable[..., CliResult]) -> None:
+    env.write_config(agent={"runner": "http", "base_url": ""})
+    env.queue(entry("fix the thing"))
+    r = cli("fire")
+    assert r.code == 78 and env.ledger() == []
+    assert any(e["event"] == "preflight.failed" and "base_url" in e["error"] for e in r.events())
+
+
+def test_http_401_opens_the_breaker_without_charging_the_item_and_breaker_reset_closes_it(
+    env: Env, fire_inproc: Callable[..., object], cli: Callable[..., CliResult]
+) -> None:
+    from fake_openai import FakeOpenAI, Scripted
+
+    env.queue(entry("fix the thing"))
+    with FakeOpenAI() as server:
+        env.write_config(agent={"runner": "http", "base_url": server.url, "model": "m"})
+        server.push(Scripted(401, {"error": "bad key"}))
+        out = fire_inproc(cycles=3, extra_env={"OPENAI_API_KEY": "k-test"})
+    assert out.exit_code == 1 and out.reason == "agent_fatal"
+    e = env.ledger()[-1]
+    assert (e["result"], e["error_class"]) == ("failed", "fatal")
+    state = env.state()
+    assert state["attempts"] == {}  # the item is not charged
+    assert state["breaker_open_until"] is not None  # opened at once, on the first infrastructure failure
+    assert _queue_item(env).get("claim_status") in (None, "available")
+    s = cli("status")
+    assert s.code == 1 and "breaker open" in s.stdout and "`evolve breaker reset`" in s.stdout
+    r = cli("fire")
+    assert r.code == 0 and len(env.ledger()) == 1  # halted by the open breaker: no new cycle
+    reset = cli("breaker", "reset")
+    assert reset.code == 0 and "breaker closed" in reset.stdout, reset.stderr
+    state = env.state()
+    assert state["breaker_open_until"] is None and state["consecutive_failures"] == 0
+    s = cli("status")
+    assert "breaker open" not in s.stdout and "breaker    closed" in s.stdout
+    _assert_git_clean(env)
+
+
+FAILING_AGENT = (
+    "import json, os\n"
+    "json.dump({'result': 'failed', 'error_class': 'transient', 'error': 'cannot do it'},"
+    " open(os.environ['EVOLVE_REPORT_FILE'], 'w'))\n"
+)
+
+
+def test_requeue_puts_a_parked_item_back(env: Env, cli: Callable[..., CliResult]) -> None:
+    agent = env.root / "failing.py"
+    agent.write_text(FAILING_AGENT)
+    env.write_config(agent={"argv": [sys.executable, str(agent)]}, breaker={"max_consecutive_failures": 10})
+    env.queue(entry("fix the thing"))
+    assert cli("fire", "--cycles", "3").code == 0
+    assert results(env.ledger()) == ["failed"] * 3
+    ref = env.ledger()[-1]["work_ref"]
+    assert _queue_item(env)["status"] == "blocked" and env.state()["parked_items"] == [ref]
+    s = cli("status")
+    assert "1 item(s) parked after failed attempts" in s.stdout and f"{ref}" in s.stdout
+    assert "`evolve requeue REF`" in s.stdout
+    r = cli("fire")
+    assert r.code == 0 and results(env.ledger())[-1] == "unchanged"  # nothing selectable: idle
+    # A running fire holds the lock: requeue waits for nobody and says so (exit 75).
+    from evolve.store.lock import FireLock
+
+    lock = FireLock(env.paths.lock)
+    assert lock.acquire()
+    try:
+        busy = cli("requeue", ref)
+        assert busy.code == 75 and "a fire is running" in busy.stderr
+    finally:
+        lock.release()
+    assert cli("requeue", "no-such-ref").code == 1
+    ok = cli("requeue", ref)
+    assert ok.code == 0 and "unblocked in the queue" in ok.stdout, ok.stderr
+    assert "status" not in _queue_item(env) and env.state()["parked_items"] == []
+    assert "parked after failed attempts" not in cli("status").stdout
+    env.steps([improved_step()])  # the agent fixed, the item lands
+    env.write_config(agent={"argv": [sys.executable, "-m", "evolve.agent.scripted", "--script", str(env.script)]})
+    r = cli("fire", "--cycles", "1")
+    assert r.code == 0 and env.ledger()[-1]["result"] == "improved" and env.ledger()[-1]["work_ref"] == ref
+    _assert_git_clean(env)
