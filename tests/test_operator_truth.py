@@ -305,3 +305,79 @@ def test_requeue_puts_a_parked_item_back(env: Env, cli: Callable[..., CliResult]
     r = cli("fire", "--cycles", "1")
     assert r.code == 0 and env.ledger()[-1]["result"] == "improved" and env.ledger()[-1]["work_ref"] == ref
     _assert_git_clean(env)
+
+
+# -- item 1: a stall is never HEALTHY ------------------------------------------------------------
+
+
+def _metric(text: str, name: str) -> float:
+    line = next(ln for ln in text.splitlines() if ln.startswith(name + "{") or ln.startswith(name + " "))
+    return float(line.rsplit(" ", 1)[1])
+
+
+def test_six_different_items_of_one_type_in_a_row_are_worked_not_blocked(
+    env: Env, cli: Callable[..., CliResult]
+) -> None:
+    env.queue(entry("alpha", "beta", "gamma", "delta", "epsilon", "zeta"))  # all type "task"
+    env.steps([improved_step()], loop=True)
+    r = cli("fire", "--cycles", "6")
+    assert r.code == 0, r.stderr
+    ledger = env.ledger()
+    assert results(ledger) == ["improved"] * 6, [(e["result"], e["selected_source"]) for e in ledger]
+    assert "metronome.blocked" not in r.names()
+    assert cli("status").code == 0
+    _assert_git_clean(env)
+
+
+def _thrash(env: Env, n: int = 5) -> None:
+    """``n`` productive cycles on the same work coming back ("retry the flaky test 1", "... 2", ...)."""
+    env.paths.evolve_dir.mkdir(parents=True, exist_ok=True)
+    rows = [
+        {
+            "cycle": i + 1,
+            "result": "improved",
+            "mode": "harvested:task",
+            "target": f"retry the flaky test {i + 1}",
+            "selected_source": "harvested",
+            "timestamp": f"2026-11-01T00:0{i}:00Z",
+        }
+        for i in range(n)
+    ]
+    env.paths.ledger.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    env.queue(entry(f"retry the flaky test {n + 1}"))
+
+
+def test_a_metronome_stall_is_degraded_notified_once_and_measured_until_rescope(
+    env: Env, cli: Callable[..., CliResult]
+) -> None:
+    events = _notifier(env)
+    _thrash(env)
+    assert cli("status").code == 0  # not stalled yet: the block happens at the next fire
+    for _ in range(2):
+        r = cli("fire")
+        assert r.code == 0 and "metronome.blocked" in r.names()
+    blocked = env.ledger()[-2:]
+    assert [e["selected_source"] for e in blocked] == ["metronome-gate-blocked"] * 2
+    assert blocked[-1]["remedy"] == "write .agents/evolve/RESCOPE with the new direction"
+    # Notified when the stall starts, not on every blocked fire.
+    assert [e["event"] for e in _events(events)] == ["metronome.blocked"]
+    assert _events(events)[0]["mode"] == "harvested:task~retry the flaky test"
+    s = cli("status")
+    assert s.code == 1 and "DEGRADED" in s.stdout, s.stdout
+    assert "metronome blocked since cycle 6" in s.stdout and "write .agents/evolve/RESCOPE" in s.stdout
+    js = orjson.loads(cli("status", "--json").stdout)
+    assert js["health"] == "degraded" and js["metronome_blocked"]["cycle"] == 6
+    assert js["metronome_blocked"]["blocked_fires"] == 2
+    h = cli("history")
+    assert h.stdout.count("[metronome block: write .agents/evolve/RESCOPE with the new direction]") == 2
+    m = cli("metrics")
+    assert _metric(m.stdout, "evolve_metronome_blocked") == 1 and _metric(m.stdout, "evolve_status_health") == 1
+    # The remedy works: with RESCOPE written the stall is lifted and the next fire takes the directive.
+    env.paths.rescope.write_text("Quarantine the flaky test and open an issue instead\n")
+    s = cli("status")
+    assert s.code == 0 and "metronome blocked" not in s.stdout
+    r = cli("fire", "--cycles", "1")
+    assert r.code == 0 and env.ledger()[-1]["selected_source"] == "directive"
+    assert _metric(cli("metrics").stdout, "evolve_metronome_blocked") == 0
+    assert cli("status").code == 0
+    _assert_git_clean(env)

@@ -171,6 +171,7 @@ class StatusSnapshot:
     generated_at: str
     last_red: dict[str, Any] | None = None  # the newest red cycle in the tail: its command and output tail
     parked_items: tuple[str, ...] = ()  # refs parked by the attempt budget (`evolve requeue REF`)
+    metronome_blocked: dict[str, Any] | None = None  # a stall: every fire blocked until RESCOPE is written
 
     def as_json(self) -> dict[str, Any]:
         """What ``evolve status --json`` prints (its keys and their order are a published schema)."""
@@ -451,6 +452,30 @@ def _warnings(markers: Mapping[str, MarkerInfo], malformed: int, last: dict[str,
     return out
 
 
+METRONOME_SOURCE = "metronome-gate-blocked"  # cycle.side.METRONOME_SOURCE (not imported: status stays light)
+
+
+def _stall(entries: list[dict[str, Any]], rescope: bool) -> dict[str, Any] | None:
+    """A metronome stall: the newest entry is a hard block and no RESCOPE waits to lift it (issue 16).
+
+    ``cycle`` is where the stall began: the oldest of the trailing run of blocks (within the tail read).
+    """
+    run = 0
+    while run < len(entries) and entries[-1 - run].get("selected_source") == METRONOME_SOURCE:
+        run += 1
+    if not run or rescope:
+        return None
+    first, last = entries[-run], entries[-1]
+    return {
+        "cycle": first.get("cycle"),
+        "blocked_fires": run,
+        "mode": last.get("mode"),
+        "reason": " ".join(str(last.get("reason") or "same work repeated; RESCOPE needed").split())[:200],
+        "remedy": "write .agents/evolve/RESCOPE with the new direction",
+        "since": first.get("timestamp"),
+    }
+
+
 def _last_red(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The newest entry of the tail that went red at the gate, with why (issue 16: the reason is kept)."""
     for e in reversed(entries):
@@ -496,6 +521,10 @@ def read_snapshot(
     halt = _halt(found, ttl_s, now, tail.entries, st.ack_regression_cycle)
     last = tail.entries[-1] if tail.entries else None
     degraded = _degraded(breaker, last, fire, running, config_error)
+    stall = _stall(tail.entries, "RESCOPE" in markers)
+    if stall is not None:
+        degraded.append(f"metronome blocked since cycle {stall['cycle']} ({stall['reason']}): every fire stops"
+                        f" before working; {stall['remedy']}")
     if config_error is None:
         degraded += _preflight(cfg, env)
     health = HALTED if halt else DEGRADED if degraded else HEALTHY
@@ -533,6 +562,7 @@ def read_snapshot(
         config_error=config_error,
         generated_at=utc_iso(now),
         last_red=_last_red(tail.entries),
+        metronome_blocked=stall,
         parked_items=tuple(st.parked_items),
     )
 

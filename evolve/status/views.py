@@ -51,7 +51,7 @@ def _notes(e: Mapping[str, Any], *, disposition: bool = False) -> str:
     elif e.get("error") and e.get("result") in ("failed", "crashed"):
         extra += f" {' '.join(str(e['error']).split())[:160]}"
     if e.get("selected_source") == "metronome-gate-blocked":
-        extra += " [metronome block: write .agents/evolve/RESCOPE]"
+        extra += " [metronome block: write .agents/evolve/RESCOPE with the new direction]"
     return extra
 
 
