@@ -92,6 +92,7 @@ def test_a_red_gate_keeps_the_failing_command_and_its_output_tail(env: Env, cli:
     assert "pytest said no" in e["gate_output"] and SECRET not in e["gate_output"]
     run_log = Path(e["run_log"])
     assert run_log == env.paths.runs_dir / f"cycle-{e['cycle']}.log"
+    assert stat.S_IMODE(run_log.stat().st_mode) == 0o600  # a run log, like the agent's own output
     log_text = run_log.read_text()
     assert "--- evolve gate:" in log_text and "pytest said no" in log_text and SECRET not in log_text
     assert SECRET not in env.paths.ledger.read_text()

@@ -6,6 +6,7 @@ cycle's own commits and changes: the operator's pre-existing dirty paths are nev
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import tempfile
@@ -20,8 +21,8 @@ from evolve.config import Config
 from evolve.paths import Paths
 from evolve.procgroup import Limits, run_group
 from evolve.results import COMMIT_FAILED, SUCCESS, CycleResult
+from evolve.store.atomic import open_artifact
 from evolve.store.dirfd import ensure_dir
-from evolve.store.jsonl import append_bytes
 from evolve.work.item import WorkItem, clean_text
 
 _STRUCTURAL_RED = re.compile(r"Pass [0-9]+: (FAILED|BLOCKED)")
@@ -244,7 +245,11 @@ class Gate:
         log_path = self.paths.runs_dir / f"cycle-{cycle}.log"
         try:
             ensure_dir(self.paths.runs_dir)
-            append_bytes(log_path, r.text(text).encode("utf-8", "replace"))
+            fd = open_artifact(log_path)  # a run log: 0600, a planted link replaced, never followed
+            try:
+                os.write(fd, r.text(text).encode("utf-8", "replace"))
+            finally:
+                os.close(fd)
         except OSError as exc:  # the ledger excerpt still says why
             self.log.error("gate.output_not_kept", cycle=cycle, path=str(log_path), error=str(exc)[:300])
         return {"gate_output": r.text(excerpt(shown[0].output)), "run_log": str(log_path)}
