@@ -45,6 +45,9 @@ def test_documented_example_agent_reporting_on_stdout_lands_its_work(env: Env, c
     script = _doc_agent(env)
     env.write_config(agent={"argv": [str(script)], "pass_env": []})
     env.queue(entry("add a note"))
+    dry = cli("fire", "--dry-run")
+    plan = orjson.loads(dry.stdout[dry.stdout.index("{\n") :])
+    assert "[Report hand-back]" in plan["agent"]["prompt"]  # the dry run shows the prompt file as written
     r = cli("fire", "--cycles", "1")
     assert r.code == 0, r.stderr
     ledger = env.ledger()

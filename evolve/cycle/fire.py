@@ -707,7 +707,7 @@ class Fire:
                 agent_plan, inv = self._plan_agent(cycle, sel.item, d.restorative, new_id="<new-session-uuid>")
                 argv, env_changes = self._runner().plan(inv)
                 plan["selection"] = {**sel.item.as_json(), "ref": sel.item.ref, "rung": sel.rung}
-                plan["agent"] = dryrun.agent_json(agent_plan, inv, argv, env_changes)
+                plan["agent"] = dryrun.agent_json(agent_plan, inv, argv, env_changes, self.cfg.agent.runner)
         self.log.info("fire.dry_run", **{k: v for k, v in plan.items() if k != "agent"})
         out = FireOutcome(exitcodes.OK, "dry-run", halt=d.halt)
         out.entries.append(plan)
