@@ -6,8 +6,8 @@ and never changes a fire's outcome or exit code.
 
 - **notify**: ``[notify] command`` (an argv, never a shell) runs on ``halt``, ``breaker.open``,
   ``handoff.written``, ``regression``, ``metronome.blocked`` (a stall starts: RESCOPE needed) and
-  ``preflight.failed`` (the runner is misconfigured: the fire exits 78) with the event as one JSON object on stdin, in its own
-  process group (tagged with the fire's id), killed after ``[notify] timeout_s``.
+  ``preflight.failed`` (the runner is misconfigured: the fire exits 78) with the event as one JSON
+  object on stdin, in its own process group (tagged with the fire's id), killed after ``[notify] timeout_s``.
 - **metrics**: with ``[metrics] textfile_dir`` set, ``evolve.prom`` is rewritten after every fire.
 - **journal**: one line per fire in ``.agents/evolve/fires.jsonl`` (when it ended, why, how many
   cycles, the halt and its detail), so the report can show fires that ran no cycle.
