@@ -83,6 +83,7 @@ def test_a_red_gate_keeps_the_failing_command_and_its_output_tail(env: Env, cli:
     # The second gate command prints a secret of the fire's environment, then fails: it is masked everywhere.
     leak = [sys.executable, "-c", f"print('token {SECRET}'); print('pytest said no'); raise SystemExit(3)"]
     start = _project(env, [[sys.executable, "-c", "print('lint ok')"], leak])
+    (env.repo / "README.md").write_text("# operator's unsaved edit\n")
     env.queue(entry("speed up add"))
     env.steps([BREAK, improved_step()])
     r = cli("fire", "--cycles", "1", extra_env={"ANTHROPIC_API_KEY": SECRET})
@@ -108,6 +109,8 @@ def test_a_red_gate_keeps_the_failing_command_and_its_output_tail(env: Env, cli:
     red = orjson.loads(js.stdout)["last_red"]
     assert red["cycle"] == e["cycle"] and red["gate_detail"] == e["gate_detail"]
     assert git(env.repo, "rev-parse", "HEAD").strip() == start and (env.repo / "app.py").read_text() == APP
+    assert (env.repo / "README.md").read_text() == "# operator's unsaved edit\n"  # never reverted or committed
+    assert git(env.repo, "status", "--porcelain").strip() == "M README.md"
     _assert_git_clean(env)
 
 
