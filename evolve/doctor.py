@@ -171,26 +171,22 @@ def _claude_credentials(env: Mapping[str, str]) -> str | None:
 
 def check_agent(cfg: Any, repo: Path, env: Mapping[str, str], run: Callable[..., tuple[int | None, str]] = _run
                 ) -> list[Finding]:
+    from evolve.agent import preflight
+
     a = cfg.agent
     out: list[Finding] = []
+    problems, path = preflight.check(a, env)  # the same checks every fire runs before claiming work
+    out.extend(Finding("agent", FAIL, p.message, p.fix) for p in problems)
     if a.runner == "http":
-        if not a.base_url:
-            out.append(Finding("agent", FAIL, "runner = http but [agent] base_url is empty",
-                               "set [agent] base_url to the OpenAI-compatible endpoint"))
-        else:
+        if not problems:
             out.append(Finding("agent", OK, f"http runner, {a.base_url}"))
         if not env.get(a.api_key_env):
             out.append(Finding("agent auth", WARN, f"${a.api_key_env} is not set",
                                f"export {a.api_key_env} in the service environment (or change [agent] api_key_env)"))
         return out
-    if not a.argv:
-        return [Finding("agent", FAIL, "[agent] argv is empty", "set [agent] argv, e.g. [\"claude\"]")]
+    if problems or path is None:
+        return out
     binary = a.argv[0]
-    path = _which(binary, env)
-    if path is None:
-        fix = ("install Claude Code (npm install -g @anthropic-ai/claude-code) or set [agent] argv to its path"
-               if a.runner == "claude" else "fix [agent] argv[0], or put it on the PATH evolve runs with")
-        return [Finding("agent", FAIL, f"{binary!r} not found on PATH", fix)]
     if a.runner == "claude":
         code, first = run([path, *a.argv[1:], "--version"], cwd=repo, env={k: v for k, v in env.items()
                                                                             if k != "CLAUDECODE"})

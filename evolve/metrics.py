@@ -283,6 +283,9 @@ def render(paths: Paths, cfg: Any, env: Mapping[str, str], *, beads: bool = True
     x.gauge("evolve_consecutive_failures", "Failed cycles in a row (the breaker opens at its limit).",
             snap.consecutive_failures)
     x.gauge("evolve_status_health", "evolve status exit code: 0 healthy, 1 degraded, 75 halted.", snap.exit_code)
+    x.gauge("evolve_metronome_blocked",
+            "1 while the metronome blocks every fire (the same work repeated) until .agents/evolve/RESCOPE is written.",
+            int(snap.metronome_blocked is not None))
     x.gauge("evolve_ledger_malformed_lines", "Malformed ledger lines skipped by the metrics reader.", counts.malformed)
     ready = ready_items(paths, cfg, env, beads=beads)
     x.family("evolve_items_ready", "gauge", "Selectable work items by source (a source that failed is absent).",

@@ -5,8 +5,9 @@ the list to :class:`evolve.cycle.fire.Fire`. Every observer is best effort: it l
 and never changes a fire's outcome or exit code.
 
 - **notify**: ``[notify] command`` (an argv, never a shell) runs on ``halt``, ``breaker.open``,
-  ``handoff.written`` and ``regression`` with the event as one JSON object on stdin, in its own
-  process group (tagged with the fire's id), killed after ``[notify] timeout_s``.
+  ``handoff.written``, ``regression``, ``metronome.blocked`` (a stall starts: RESCOPE needed) and
+  ``preflight.failed`` (the runner is misconfigured: the fire exits 78) with the event as one JSON
+  object on stdin, in its own process group (tagged with the fire's id), killed after ``[notify] timeout_s``.
 - **metrics**: with ``[metrics] textfile_dir`` set, ``evolve.prom`` is rewritten after every fire.
 - **journal**: one line per fire in ``.agents/evolve/fires.jsonl`` (when it ended, why, how many
   cycles, the halt and its detail), so the report can show fires that ran no cycle.
@@ -32,7 +33,9 @@ from evolve.store.dirfd import open_file
 from evolve.timeutil import utc_iso
 
 Observer = Callable[[str, dict[str, Any]], None]
-NOTIFY_EVENTS = frozenset({"halt", "breaker.open", "handoff.written", "regression"})
+NOTIFY_EVENTS = frozenset(
+    {"halt", "breaker.open", "handoff.written", "regression", "metronome.blocked", "preflight.failed"}
+)
 MAX_STDIN = 64 * 1024
 GRACE_S = 1.0  # TERM → KILL after a timeout: a notifier is a webhook call, nothing to shut down cleanly
 

@@ -59,7 +59,8 @@ def test_env_prompt_and_report_round_trip(tmp_path: Path) -> None:
     seen = orjson.loads(report.summary)
     assert seen["argv"][:2] == ["first", "sid-1"]
     assert orjson.loads(seen["argv"][2])["title"] == "t; $(echo hi)"
-    assert seen["prompt"] == "STATIC\nDYNAMIC\nPROMPT TEXT\n"
+    assert seen["prompt"].startswith("STATIC\nDYNAMIC\nPROMPT TEXT\n")
+    assert "$EVOLVE_REPORT_FILE" in seen["prompt"] and "evolve-report block" in seen["prompt"]
     assert seen["cwd"] == str(tmp_path)
     assert seen["claudecode"] is None
     env = seen["env"]
@@ -112,3 +113,44 @@ def test_output_is_logged_per_cycle(tmp_path: Path) -> None:
     inv = _inv(tmp_path)
     CommandRunner(AgentConfig(argv=_agent(tmp_path, code)), base_env={}).run(inv)
     assert "hello from the agent" in inv.log_file.read_text()
+
+
+STDOUT_AGENT = """
+import json
+print("working on it")
+print("```evolve-report")
+print(json.dumps({"result": "harvested", "summary": "quoted first"}))
+print("```")
+print("more prose")
+print("```evolve-report")
+print(json.dumps({"result": "improved", "summary": "the final word", "cost_usd": 0.25}))
+print("```")
+"""
+
+
+def test_report_block_on_stdout_is_the_report_when_no_file(tmp_path: Path) -> None:
+    """Issue 16 item 3: the fenced block the prompt asks for counts; the LAST one wins."""
+    r = CommandRunner(AgentConfig(argv=_agent(tmp_path, STDOUT_AGENT)), base_env={}).run(_inv(tmp_path))
+    assert (r.result, r.summary, r.cost_usd, r.error_class) == ("improved", "the final word", 0.25, None)
+
+
+def test_report_file_wins_over_stdout_block(tmp_path: Path) -> None:
+    code = STDOUT_AGENT + (
+        "import os\njson.dump({'result': 'unchanged', 'summary': 'from the file'},"
+        " open(os.environ['EVOLVE_REPORT_FILE'], 'w'))\n"
+    )
+    r = CommandRunner(AgentConfig(argv=_agent(tmp_path, code)), base_env={}).run(_inv(tmp_path))
+    assert (r.result, r.summary) == ("unchanged", "from the file")
+
+
+def test_bad_stdout_block_is_a_clear_crash(tmp_path: Path) -> None:
+    code = "print('```evolve-report')\nprint('{not json')\nprint('```')"
+    r = CommandRunner(AgentConfig(argv=_agent(tmp_path, code)), base_env={}).run(_inv(tmp_path))
+    assert (r.result, r.error_class, r.error) == ("failed", "crashed", "evolve-report block is not valid JSON")
+
+
+def test_a_block_quoted_inline_is_not_a_report(tmp_path: Path) -> None:
+    """Only a fence on a line of its own counts: prose mentioning ```evolve-report is not a report."""
+    code = "print('see the ```evolve-report {\\\"result\\\": \\\"improved\\\"}``` block')"
+    r = CommandRunner(AgentConfig(argv=_agent(tmp_path, code)), base_env={}).run(_inv(tmp_path))
+    assert (r.result, r.error_class) == ("failed", "crashed") and "no evolve-report block" in r.error

@@ -27,8 +27,10 @@ from evolve.work.ladder import (
     LadderInput,
     Probe,
     Selection,
+    entry_key,
     era_entries,
     flips_by_ref,
+    metronome_key,
     productive_modes,
     rescope_item,
     select,
@@ -309,25 +311,26 @@ def test_trailing_streak():
 
 
 META = {"harvested": probe(h("repeat", "bug", "high")), "beads": probe(bead("b1")), "goals": probe(goal("g"))}
+REPEAT = "harvested:bug~repeat"  # the metronome key of META's harvested top (issue 16: type and title stem)
 
 
 @pytest.mark.parametrize("streak", [0, 1, 2])
 def test_metronome_quiet_below_three(streak):
-    sel, asked = drive(META, trailing_modes=("harvested:bug",) * streak)
+    sel, asked = drive(META, trailing_modes=(REPEAT,) * streak)
     assert sel.item == h("repeat", "bug", "high") and asked == ["harvested"]
 
 
 @pytest.mark.parametrize("streak", [SOFT_REPEAT, HARD_REPEAT - 1])
 def test_metronome_soft_skips_the_rung(streak):
-    sel, asked = drive(META, trailing_modes=("goal:x", *(("harvested:bug",) * streak)))
+    sel, asked = drive(META, trailing_modes=("goal:x", *((REPEAT,) * streak)))
     assert sel.item == bead("b1") and sel.rung == "beads"
     assert asked == ["harvested", "beads"]
-    assert verdicts(sel)[h("repeat").ref] == f"metronome: rung skipped (harvested:bug x{streak})"
+    assert verdicts(sel)[h("repeat").ref] == f"metronome: rung skipped ({REPEAT} x{streak})"
     assert sel.blocked_mode is None
 
 
 def test_metronome_soft_skip_falls_back_when_every_later_rung_is_empty():
-    sel, asked = drive({"harvested": META["harvested"]}, trailing_modes=("harvested:bug",) * 3,
+    sel, asked = drive({"harvested": META["harvested"]}, trailing_modes=(REPEAT,) * 3,
                        generators_configured=True)
     assert asked == list(FIELDS)
     assert sel.item == h("repeat", "bug", "high") and sel.rung == "harvested"
@@ -337,40 +340,40 @@ def test_metronome_soft_skip_falls_back_when_every_later_rung_is_empty():
 def test_metronome_soft_skip_falls_back_past_errors_and_restorative_rejections():
     sources = {"harvested": probe(h("repeat", "bug")), "beads": Probe(error="bd exited 1"),
                "goals": probe(directive(1))}
-    sel, _ = drive(sources, trailing_modes=("harvested:bug",) * 4, restorative=True)
+    sel, _ = drive(sources, trailing_modes=(REPEAT,) * 4, restorative=True)
     assert sel.item == h("repeat", "bug")
     assert sel.probe_errors == ("beads: bd exited 1",)
 
 
 def test_metronome_soft_skip_only_for_the_repeated_mode():
     sources = {"harvested": probe(h("other", "feature")), "beads": probe(bead("b1"))}
-    sel, _ = drive(sources, trailing_modes=("harvested:bug",) * 4)
+    sel, _ = drive(sources, trailing_modes=(REPEAT,) * 4)
     assert sel.item == h("other", "feature")
     # The gate looks at the rung's top only: a lower harvested item of another mode does not win.
     sources = {"harvested": probe(h("repeat", "bug"), h("other", "feature")), "beads": probe(bead("b1"))}
-    sel, _ = drive(sources, trailing_modes=("harvested:bug",) * 3)
+    sel, _ = drive(sources, trailing_modes=(REPEAT,) * 3)
     assert sel.item == bead("b1")
 
 
 def test_metronome_soft_skip_applies_to_every_rung_with_that_mode():
-    """Quality mode splits the harvested source in two rungs; both tops repeat ``harvested:bug``."""
-    high, low = h("high-bug", "bug", "high"), h("low-bug", "bug", "low")
-    sel, asked = drive({"harvested": probe(high, low)}, quality=True, trailing_modes=("harvested:bug",) * 3)
+    """Quality mode splits the harvested source in two rungs; both tops repeat the same work (``repeat``)."""
+    high, low = h("repeat 2", "bug", "high"), h("repeat #3", "bug", "low")
+    sel, asked = drive({"harvested": probe(high, low)}, quality=True, trailing_modes=(REPEAT,) * 3)
     assert asked == ["harvested", "beads", "goals"]
     assert sel.item == high and sel.rung == "findings"  # the first skipped candidate is the fallback
     sel, _ = drive({"harvested": probe(high, low), "goals": probe(goal("g"))}, quality=True,
-                   trailing_modes=("harvested:bug",) * 3)
+                   trailing_modes=(REPEAT,) * 3)
     assert sel.item == goal("g")
     # Generated items come back as harvested items: one of the same shape is skipped as well.
-    sel, _ = drive({"harvested": probe(h("t", "task")), "generated": probe(gen("g", "task"))},
-                   generators_configured=True, trailing_modes=("harvested:task",) * 3)
+    sel, _ = drive({"harvested": probe(h("t", "task")), "generated": probe(gen("t 2", "task"))},
+                   generators_configured=True, trailing_modes=("harvested:task~t",) * 3)
     assert sel.item == h("t", "task") and sel.rung == "harvested"
 
 
 @pytest.mark.parametrize("streak", [HARD_REPEAT, HARD_REPEAT + 1, 9])
 def test_metronome_hard_block(streak):
-    sel, asked = drive(META, trailing_modes=("harvested:bug",) * streak, generators_configured=True)
-    assert sel.item is None and sel.blocked_mode == "harvested:bug"
+    sel, asked = drive(META, trailing_modes=(REPEAT,) * streak, generators_configured=True)
+    assert sel.item is None and sel.blocked_mode == REPEAT
     assert asked == ["harvested"]  # no lower rung is consulted
     assert not sel.empty and not sel.use_rescope
     assert "RESCOPE" in sel.reason
@@ -378,13 +381,15 @@ def test_metronome_hard_block(streak):
 
 
 def test_metronome_hard_block_on_a_lower_rung():
-    sel, asked = drive({"beads": probe(bead("b1"))}, trailing_modes=("beads:task",) * 5)
-    assert asked == ["harvested", "beads"] and sel.blocked_mode == "beads:task"
+    key = metronome_key(bead("b1"))
+    assert key == "beads:task~b1: bead"
+    sel, asked = drive({"beads": probe(bead("b1"))}, trailing_modes=(key,) * 5)
+    assert asked == ["harvested", "beads"] and sel.blocked_mode == key
 
 
 def test_rescope_overrides_a_hard_block():
     text = "\n  \nFocus on the docs\tnow\nsecond line"
-    sel, asked = drive(META, trailing_modes=("harvested:bug",) * 5, rescope=text)
+    sel, asked = drive(META, trailing_modes=(REPEAT,) * 5, rescope=text)
     digest = hashlib.sha256(text.encode()).hexdigest()[:8]
     assert sel.use_rescope and sel.rung == "rescope" and sel.blocked_mode is None
     assert sel.item is not None
@@ -395,12 +400,52 @@ def test_rescope_overrides_a_hard_block():
 
 
 def test_rescope_is_ignored_without_a_block():
-    sel, _ = drive(META, trailing_modes=("harvested:bug",) * 4, rescope="do something else")
+    sel, _ = drive(META, trailing_modes=(REPEAT,) * 4, rescope="do something else")
     assert not sel.use_rescope and sel.item == bead("b1")
 
 
-def entry(result: str, mode: str | None = None, ref: str | None = None) -> dict[str, Any]:
+@pytest.mark.parametrize(
+    ("item", "key"),
+    [
+        (h("fix the parser", "bug"), "harvested:bug~fix the parser"),
+        (h("Fix  the Parser 2", "bug"), "harvested:bug~fix the parser"),  # case, spacing, a trailing number
+        (h("retry lint #3", "task"), "harvested:task~retry lint"),
+        (h("flaky test (2nd)", "task"), "harvested:task~flaky test"),
+        (h("step-2-fix", "task"), "harvested:task~step-2-fix"),  # a number inside is part of the title
+        (h("", "bug"), "harvested:bug"),
+        (gen("bump deps 4"), "harvested:task~bump deps"),
+        (bead("x", "task"), "beads:task~x: bead"),
+        (goal("lint-clean"), "goal:lint-clean"),  # a goal is one piece of work already
+        (directive("dir-7th"), "directive:dir"),
+    ],
+)
+def test_metronome_key(item, key):
+    assert metronome_key(item) == key
+
+
+def test_five_different_items_of_one_type_are_normal_work_not_a_thrash():
+    """Issue 16: five different bugs in a row do not block; the same bug coming back five times does."""
+    done = tuple(metronome_key(h(f"bug in module {m}", "bug")) for m in "abcde")
+    sel, _ = drive({"harvested": probe(h("bug in module f", "bug"))}, trailing_modes=done)
+    assert sel.item == h("bug in module f", "bug") and sel.blocked_mode is None
+    again = (metronome_key(h("bug in module a 1", "bug")),) * 5
+    sel, _ = drive({"harvested": probe(h("bug in module a 6", "bug"))}, trailing_modes=again)
+    assert sel.item is None and sel.blocked_mode == "harvested:bug~bug in module a"
+    # A goal worked five productive cycles in a row is still a thrash.
+    sel, _ = drive({"goals": probe(goal("g"))}, trailing_modes=("goal:g",) * 5)
+    assert sel.blocked_mode == "goal:g"
+
+
+def test_entry_key_reads_mode_and_target():
+    assert entry_key({"mode": "harvested:bug", "target": "Fix the parser 2"}) == "harvested:bug~fix the parser"
+    assert entry_key({"mode": "goal:g", "target": "Fix failing goal g"}) == "goal:g"
+    assert entry_key({"mode": "beads:task"}) == "beads:task"
+
+
+def entry(result: str, mode: str | None = None, ref: str | None = None, target: str | None = None) -> dict[str, Any]:
     e: dict[str, Any] = {"result": result}
+    if target is not None:
+        e["target"] = target
     if mode is not None:
         e["mode"] = mode
     if ref is not None:
@@ -411,39 +456,41 @@ def entry(result: str, mode: str | None = None, ref: str | None = None) -> dict[
 def test_productive_modes_drop_non_productive_entries():
     tail = [
         entry("improved", "beads:task"),
-        entry("improved", "harvested:bug"),
+        entry("improved", "harvested:bug", target="repeat"),
         entry("unchanged", "idle"),
-        entry("regressed", "harvested:bug"),
+        entry("regressed", "harvested:bug", target="Repeat 2"),
         entry("scout", "harvested:bug"),
         entry("idle", "idle"),
         entry("context-handoff", "harvested:task"),
-        entry("harvested", "harvested:bug"),
+        entry("harvested", "harvested:bug", target="repeat"),
         entry("unchanged", "beads:task"),  # an unchanged cycle does not break the streak either
         entry("quarantined", "goal:g"),
         entry("failed", "beads:task"),
         entry("improved"),  # no mode
     ]
     modes = productive_modes(tail)
-    assert modes == ("beads:task", "harvested:bug", "harvested:bug", "harvested:bug")
+    assert modes == ("beads:task", REPEAT, REPEAT, REPEAT)
     sel, _ = drive(META, trailing_modes=modes)
     assert sel.item == bead("b1")  # streak 3: soft skip
 
 
 def test_only_trailing_productive_modes_count():
-    tail = [entry("improved", "harvested:bug")] * 2 + [entry("improved", "beads:task")] + \
-        [entry("improved", "harvested:bug")] * 2
+    tail = [entry("improved", "harvested:bug", target="repeat")] * 2 + [entry("improved", "beads:task")] + \
+        [entry("improved", "harvested:bug", target="repeat")] * 2
     sel, asked = drive(META, trailing_modes=productive_modes(tail))
     assert sel.item == h("repeat", "bug", "high") and asked == ["harvested"]
 
 
 def test_suffix_canonicalisation_in_the_metronome():
-    modes = tuple(work_mode(h(str(i), f"template-applied-{n}")) for i, n in enumerate(["1st", "2nd", "3rd"]))
-    assert set(modes) == {"harvested:template-applied"}
+    items = [h(f"again {i}", f"template-applied-{n}") for i, n in enumerate(["1st", "2nd", "3rd"])]
+    assert {work_mode(it) for it in items} == {"harvested:template-applied"}
+    modes = tuple(metronome_key(it) for it in items)
+    assert set(modes) == {"harvested:template-applied~again"}
     sources = {"harvested": probe(h("again", "template-applied")), "beads": probe(bead("b1"))}
     assert drive(sources, trailing_modes=modes)[0].item == bead("b1")
-    sources = {"harvested": probe(h("again", "template-applied-4th")), "beads": probe(bead("b1"))}
-    assert drive(sources, trailing_modes=("harvested:template-applied",) * 5)[0].blocked_mode == \
-        "harvested:template-applied"
+    sources = {"harvested": probe(h("again 4", "template-applied-4th")), "beads": probe(bead("b1"))}
+    assert drive(sources, trailing_modes=("harvested:template-applied~again",) * 5)[0].blocked_mode == \
+        "harvested:template-applied~again"
 
 
 def test_goal_and_directive_modes_use_their_id():

@@ -236,14 +236,16 @@ def test_scout_with_nothing_else_logs_scout(env: Env, cli) -> None:
     assert env.state()["claimed_work"] is None
 
 
-def _productive(env: Env, n: int, mode: str) -> None:
+def _productive(env: Env, n: int, mode: str, title: str) -> None:
+    """``n`` productive cycles on the same work coming back (``title 1``, ``title 2``...): a thrash (issue 16)."""
     env.paths.evolve_dir.mkdir(parents=True, exist_ok=True)
-    rows = [{"cycle": i + 1, "result": "improved", "mode": mode, "target": "t", "timestamp": "x"} for i in range(n)]
+    rows = [{"cycle": i + 1, "result": "improved", "mode": mode, "target": f"{title} {i + 1}", "timestamp": "x"}
+            for i in range(n)]
     env.paths.ledger.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
 
 
 def test_metronome_soft_skip_takes_the_next_rung(env: Env, cli) -> None:
-    _productive(env, 3, "harvested:task")
+    _productive(env, 3, "harvested:task", "same shape again")
     bindir = tracker(env, BEADS)
     env.queue(entry("same shape again"))
     r = cli("fire", "--cycles", "1", extra_env=path_env(bindir))
@@ -253,7 +255,7 @@ def test_metronome_soft_skip_takes_the_next_rung(env: Env, cli) -> None:
 
 
 def test_metronome_hard_block_and_rescope(env: Env, cli) -> None:
-    _productive(env, 5, "harvested:task")
+    _productive(env, 5, "harvested:task", "same shape again")
     env.queue(entry("same shape again"))
     r = cli("fire")
     assert r.code == 0
@@ -269,7 +271,7 @@ def test_metronome_hard_block_and_rescope(env: Env, cli) -> None:
 
 
 def test_dry_run_shows_every_rung_and_why(env: Env, cli) -> None:
-    _productive(env, 3, "harvested:task")
+    _productive(env, 3, "harvested:task", "queued")
     bindir = tracker(env, BEADS)
     env.queue(entry("queued"))
     r = cli("fire", "--dry-run", extra_env=path_env(bindir))

@@ -32,6 +32,7 @@ STATUS_SCHEMA: dict[str, Any] = {
     "breaker": dict, "agent_session": OPT_DICT, "markers": dict, "next_fire": OPT_DICT, "cycles_today": int,
     "cost_today_usd": NUM, "cost_today_partial": bool, "autocompact": dict, "recent": list,
     "malformed_lines_seen": int, "warnings": list, "config_error": OPT_STR, "generated_at": str,
+    "last_red": OPT_DICT, "parked_items": list, "metronome_blocked": OPT_DICT,  # issue 16
 }
 BREAKER_SCHEMA = {"state": str, "open_until": OPT_STR, "eta_s": OPT_INT, "consecutive_failures": int,
                   "max_consecutive_failures": int, "cooldown_minutes": NUM}

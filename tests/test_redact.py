@@ -173,6 +173,8 @@ SINKS = [
     ("cycle/side.py", "blocked"), ("cycle/fire.py", "__init__"), ("agent/report.py", "redacted"),
     ("agent/prompt.py", "build"), ("agent/invocation.py", "values"), ("cli.py", "_error_text"),
     ("commands/doctor.py", "run"), ("agent/http.py", "_redact"), ("agent/http.py", "_save"),
+    # Issue 16: a red gate command's output tail, kept in the run log and the ledger entry.
+    ("cycle/gate.py", "_keep_output"), ("cycle/gate.py", "run_commands"),
 ]
 
 

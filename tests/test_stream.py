@@ -90,6 +90,14 @@ def test_error_results_are_classified(res: dict, cls: str, overflow: bool, retry
     assert (rep.result, rep.error_class, rep.context_overflow, rep.retryable) == ("failed", cls, overflow, retryable)
 
 
+def test_not_logged_in_is_fatal_with_or_without_a_result() -> None:
+    """Issue 16: Claude Code's "Not logged in" is an infrastructure error (the breaker, not the item)."""
+    rep = stream.to_report(stream.StreamState(), output_tail="Not logged in · Please run /login")
+    assert rep.error_class == "fatal"
+    s = parse(INIT, result("", is_error=True, result="Not logged in · Please run /login"))
+    assert stream.to_report(s, output_tail="").error_class == "fatal"
+
+
 def test_nested_session_refusal_is_fatal() -> None:
     rep = stream.to_report(stream.StreamState(), output_tail="Error: Claude Code cannot be launched inside another "
                                                                "Claude Code session.")

@@ -89,6 +89,7 @@ def test_unknown_result_strings_release() -> None:
         (R.FAILED, "timeout", False, {"e1#0": 2}, {}, True),  # third attempt: parked, count cleared
         (R.FAILED, "limit", False, {"e1#0": 2}, {"e1#0": 2}, False),  # a rate limit is not an attempt
         (R.FAILED, "interrupted", False, {"e1#0": 2}, {"e1#0": 2}, False),
+        (R.FAILED, "fatal", False, {"e1#0": 2}, {"e1#0": 2}, False),  # infrastructure: not the item's fault
         (R.REGRESSED, "", True, {"e1#0": 2}, {"e1#0": 2}, False),  # heavy: hand-off, not the item's fault
         (R.SCOUT, "", False, {"e1#0": 2}, {"e1#0": 2}, False),
         (R.INTERRUPTED, "", False, {"e1#0": 2}, {"e1#0": 2}, False),
@@ -104,6 +105,16 @@ def test_attempt_budget(
     assert (t.park is not None) is parks
     if parks:
         assert t.park == Park(f"evolve: parked after 3 failed attempts (last: {result} {error_class})", 3)
+
+
+def test_parked_items_are_remembered_until_the_item_lands() -> None:
+    """Issue 16: `status` lists what the attempt budget parked; `evolve requeue` (or a landing) clears it."""
+    t = after_cycle(state(attempts={"e1#0": 2}, parked_items=["old"]), facts(R.REGRESSED), POLICY)
+    assert t.park is not None and t.state.parked_items == ["old", "e1#0"]
+    t = after_cycle(state(parked_items=["e1#0", "old"]), facts(R.FAILED, error_class="transient"), POLICY)
+    assert t.state.parked_items == ["old", "e1#0"]  # worked again and failed again: still parked
+    t = after_cycle(state(parked_items=["e1#0", "old"]), facts(R.IMPROVED), POLICY)
+    assert t.state.parked_items == ["old"]
 
 
 def test_park_note_without_error_class_is_trimmed() -> None:
@@ -129,6 +140,8 @@ def test_success_unparks_and_heavy_parks() -> None:
         (R.FAILED, "crashed", 1, None, 2, None, None),
         (R.FAILED, "timeout", 2, None, 3, "2026-01-01T00:30:00Z", Breaker.OPEN),
         (R.FAILED, "fatal", 5, "2025-12-31T23:00:00Z", 6, "2026-01-01T00:30:00Z", Breaker.OPEN),  # half-open probe
+        # Issue 16: an infrastructure error (missing binary, HTTP 401) opens it at once, first failure or not.
+        (R.FAILED, "fatal", 0, None, 1, "2026-01-01T00:30:00Z", Breaker.OPEN),
         (R.FAILED, "limit", 2, None, 2, None, None),  # rate limits never count
         (R.INTERRUPTED, "", 2, None, 2, None, None),  # neither counts nor resets
         (R.REGRESSED, "", 2, None, 0, None, Breaker.CLOSED),
@@ -148,7 +161,10 @@ def test_breaker(
     opened = [e for e in t.effects if e.event == "breaker.open"]
     assert bool(opened) is (change is Breaker.OPEN)
     if opened:
-        assert opened[0].notify and dict(opened[0].fields) == {"failures": want_failures, "until": want_until}
+        cause = "infrastructure error (fatal)" if error_class == "fatal" else f"{want_failures} failed cycles in a row"
+        assert opened[0].notify and dict(opened[0].fields) == {
+            "failures": want_failures, "until": want_until, "cause": cause, "remedy": "evolve breaker reset, once fixed"
+        }
 
 
 # -- stops and exit codes -------------------------------------------------------------------

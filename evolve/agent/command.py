@@ -2,7 +2,9 @@
 
 ``{prompt_file}``, ``{report_file}``, ``{session_id}``, ``{mode}``, ``{work_json}`` and ``{cycle}``
 are substituted inside each argv element in one pass (a value is never re-expanded); the same
-values are in the child env as ``EVOLVE_*``. The agent writes its JSON report to the report file.
+values are in the child env as ``EVOLVE_*``. The agent writes its JSON report to the report file,
+or ends its stdout with the fenced ``evolve-report`` block the prompt describes (the report file
+wins when both exist; the last block of the output otherwise). The contract: docs/AGENTS.md.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from evolve.agent.invocation import Invocation
-from evolve.agent.report import AgentReport, loads_report, parse_report
+from evolve.agent.report import AgentReport, last_report_block, loads_report, parse_report
 from evolve.childenv import agent_env
 from evolve.config import AgentConfig
 from evolve.procgroup import Limits, run_group
@@ -26,6 +28,14 @@ from evolve.store.dirfd import ensure_dir
 PLACEHOLDER = re.compile(r"\{(prompt_file|report_file|session_id|mode|work_json|cycle)\}")
 # A report's texts are capped far below this (agent/report.py); the bound is on what is read at all.
 REPORT_MAX_BYTES = 64 * 1024 * 1024
+# The output tail searched for a fenced report block when there is no report file: a report's texts
+# are capped (agent/report.py), so a block that matters fits well inside this.
+STDOUT_TAIL_BYTES = 256 * 1024
+# What a command agent is told on top of the report protocol: both ways of handing the report back.
+COMMAND_REPORT_NOTE = """\
+[Report hand-back] Write the report JSON object to the file named by $EVOLVE_REPORT_FILE, or end
+your standard output with the fenced evolve-report block above. When both exist the file is used.
+"""
 ENV_NAMES = {
     "prompt_file": "EVOLVE_PROMPT_FILE",
     "report_file": "EVOLVE_REPORT_FILE",
@@ -97,7 +107,7 @@ class CommandRunner:
         stop: threading.Event | None,
         on_heartbeat: Callable[[float], None] | None,
     ) -> AgentReport:
-        write_new(inv.prompt_file, inv.prompt.encode("utf-8"))
+        write_new(inv.prompt_file, prompt_text(inv).encode("utf-8"))
         inv.report_file.unlink(missing_ok=True)
         argv = substitute(self.cfg.argv, inv.values())
         env, _ = child_env(self.base_env, inv, self.cfg)
@@ -110,6 +120,7 @@ class CommandRunner:
                     timeout_s=self.cfg.timeout_s,
                     idle_timeout_s=self.cfg.idle_timeout_s,
                     heartbeat_s=self.cfg.heartbeat_s,
+                    tail_bytes=STDOUT_TAIL_BYTES,
                 ),
                 log_path=inv.log_file,
                 on_start=on_start,
@@ -127,17 +138,35 @@ class CommandRunner:
             return AgentReport(
                 "failed", error_class="timeout", error=f"agent {proc.timed_out} timeout; process group killed", **base
             )
-        raw = read_report_file(inv.report_file)
+        raw, where = read_report_file(inv.report_file), "report file"
+        if raw is None:
+            raw, where = stdout_report(proc.output_tail), "evolve-report block"
         if proc.returncode != 0:
-            report = _parse(raw) if raw else None
+            report = _parse(raw, where) if raw else None
             cls = report.error_class if report and report.error_class else "crashed"
             tail = proc.output_tail.strip().splitlines()[-1:] or [""]
             error = f"agent exited {proc.returncode}: {tail[0][:300]}"
             return AgentReport("failed", error_class=cls, error=error, **base)
         if raw is None:
-            return AgentReport("failed", error_class="crashed", error="agent wrote no report", **base)
-        report = _parse(raw)
+            return AgentReport(
+                "failed",
+                error_class="crashed",
+                error="agent wrote no report (no report file, no evolve-report block at the end of its output)",
+                **base,
+            )
+        report = _parse(raw, where)
         return AgentReport(**{**report.__dict__, **base})
+
+
+def prompt_text(inv: Invocation) -> str:
+    """The prompt file's text: the orientation, and how a command agent hands its report back."""
+    return f"{inv.prompt}\n{COMMAND_REPORT_NOTE}"
+
+
+def stdout_report(output: str) -> bytes | None:
+    """The last fenced ``evolve-report`` block of the agent's output, as report-file bytes; None without one."""
+    block = last_report_block(output)
+    return None if block is None else block.encode("utf-8", "replace")
 
 
 def read_report_file(path: Path) -> bytes | None:
@@ -162,9 +191,9 @@ def read_report_file(path: Path) -> bytes | None:
         os.close(fd)
 
 
-def _parse(raw: bytes) -> AgentReport:
+def _parse(raw: bytes, where: str = "report file") -> AgentReport:
     try:
         obj = loads_report(raw)
     except ValueError:
-        return AgentReport("failed", error_class="crashed", error="report file is not valid JSON")
+        return AgentReport("failed", error_class="crashed", error=f"{where} is not valid JSON")
     return parse_report(obj)

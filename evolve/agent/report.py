@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -250,6 +251,19 @@ def proposed_item(item: dict[str, Any]) -> dict[str, Any] | None:
     except (TypeError, orjson.JSONEncodeError):  # not JSON-shaped (a runner handing over Python objects)
         return None
     return clean if size <= ITEM_BYTES_MAX else None
+
+
+# A fenced ``evolve-report`` block on lines of its own (the prompt's report protocol).
+REPORT_BLOCK = re.compile(r"^[ \t]*```evolve-report[^\n]*\n(.*?)^[ \t]*```[ \t]*$", re.MULTILINE | re.DOTALL)
+
+
+def last_report_block(text: str) -> str | None:
+    """The body of the LAST fenced ``evolve-report`` block in ``text`` (an agent's stdout), or None.
+
+    The last one wins: an agent that quotes the protocol, or reports twice, means its final word.
+    """
+    blocks = REPORT_BLOCK.findall(text or "")
+    return blocks[-1] if blocks else None
 
 
 def parse_report(obj: Any) -> AgentReport:

@@ -26,7 +26,10 @@ from evolve.agent.report import (
 
 _REPORT_BLOCK = re.compile(r"```evolve-report[ \t]*\n(.*?)```", re.S)
 _OVERFLOW = ("prompt is too long", "prompt too long", "context window", "context length")
-_AUTH = ("authentication", "invalid x-api-key", "invalid api key", "oauth", "credit balance", "permission_error")
+_AUTH = (
+    "authentication", "invalid x-api-key", "invalid api key", "oauth", "credit balance", "permission_error",
+    "not logged in", "please run /login",
+)
 _NESTED = ("cannot be launched inside another claude code session", "nested session")
 _INVALID_SESSION = "no conversation found with session id"
 

@@ -34,6 +34,10 @@ COMMANDS: dict[str, CommandInfo] = {
     "stop": CommandInfo("evolve.commands.markers", "write STOP (halt until `evolve resume`)"),
     "kill": CommandInfo("evolve.commands.markers", "write KILL"),
     "resume": CommandInfo("evolve.commands.markers", "remove STOP (and KILL with --kill)"),
+    "breaker": CommandInfo(
+        "evolve.commands.operator", "breaker reset: close the failure breaker once the cause is fixed"
+    ),
+    "requeue": CommandInfo("evolve.commands.operator", "put an item parked by its attempt budget back into selection"),
     "init": CommandInfo(
         "evolve.commands.init", "write .agents/.gitignore and a commented config.toml, and say what next"
     ),

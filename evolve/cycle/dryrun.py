@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from evolve.agent.command import prompt_text
 from evolve.agent.invocation import Invocation
 from evolve.cycle import halt
 from evolve.harness.plan import AgentPlan
@@ -40,6 +41,10 @@ def selection_json(cycle: int, sel: ladder.Selection, generated: list[dict[str, 
     return out
 
 
-def agent_json(plan: AgentPlan, inv: Invocation, argv: list[str], env_changes: dict[str, str]) -> dict[str, Any]:
+def agent_json(
+    plan: AgentPlan, inv: Invocation, argv: list[str], env_changes: dict[str, str], runner: str = ""
+) -> dict[str, Any]:
+    """The planned agent call; ``prompt`` is exactly what the runner hands over (a command agent's file)."""
     d = plan.decision
-    return {"mode": d.mode, "reason": d.reason, "argv": argv, "env": env_changes, "prompt": inv.prompt}
+    prompt = prompt_text(inv) if runner == "command" else inv.prompt
+    return {"mode": d.mode, "reason": d.reason, "argv": argv, "env": env_changes, "prompt": prompt}

@@ -57,3 +57,26 @@ def agent_fields(report: AgentReport, reading: ContextReading | None) -> dict[st
         out["error"] = report.error[:300]
     return out
 
+
+REVERTED = frozenset({"regressed", "failed", "crashed"})
+
+
+def last_attempt_note(entries: list[dict[str, Any]], ref: str) -> str:
+    """Why the newest attempt at ``ref`` did not stand, for the agent's next try at it (pure).
+
+    Only when that newest attempt was reverted (regressed, failed or crashed): once the item has
+    landed or been worked on successfully, an old red is no longer news. Untrusted ledger text: the
+    prompt builder redacts and cleans it; here it is bounded.
+    """
+    for e in reversed(entries):
+        if e.get("work_ref") != ref or e.get("selected_source") in ("idle", "metronome-gate-blocked"):
+            continue
+        if e.get("result") not in REVERTED:
+            return ""
+        why = e.get("gate_detail") or e.get("error") or e.get("error_class") or str(e.get("result"))
+        note = f"cycle {e.get('cycle')} ({e.get('result')}): {str(why)[:300]}"
+        output = e.get("gate_output")
+        if isinstance(output, str) and output.strip():
+            note += f"\noutput tail:\n{output[:600]}"
+        return note
+    return ""

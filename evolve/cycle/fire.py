@@ -22,6 +22,7 @@ from typing import Any
 
 from evolve import crashpoint, exitcodes, gitops, redact
 from evolve import log as logmod
+from evolve.agent import preflight as agent_preflight
 from evolve.agent import prompt, retry
 from evolve.agent import session as sessions
 from evolve.agent.invocation import Invocation
@@ -32,7 +33,7 @@ from evolve.config import Config
 from evolve.cycle import budget, dryrun, halt, recovery, retention, scout, side, transition, watch, workspace
 from evolve.cycle import step1 as step1_shell
 from evolve.cycle.context import FireContext, Observer
-from evolve.cycle.entry import agent_fields, base_entry
+from evolve.cycle.entry import agent_fields, base_entry, last_attempt_note
 from evolve.cycle.gate import Gate
 from evolve.cycle.handoff import handoff_text, milestone
 from evolve.cycle.select import Selector
@@ -198,6 +199,8 @@ class Fire:
             self.ctx.emit("halt", reason=step1.halt, detail=step1.detail)
             self.ctx.save()
             return self._ended(FireOutcome(exitcodes.OK, f"halt:{step1.halt}", halt=step1.halt))
+        if not self._preflight():
+            return self._ended(FireOutcome(exitcodes.CONFIG, "preflight"))
 
         self.state.fire = FireRecord(
             pid=os.getpid(), pgid=os.getpgid(0), agent_pgid=None, started_at=utc_iso(now), cycle=None,
@@ -224,7 +227,7 @@ class Fire:
         try:
             ws = workspace.open_workspace(
                 self.paths.repo, self.paths.evolve_dir, self.cfg.git, self.gate.git_policy, self.log,
-                self.paths.landing_intent, regate=self.gate.run_commands,
+                self.paths.landing_intent, regate=self.gate.red_reason,
             )
             ws.prepare(self.ledger.last_cycle())
         except (gitops.GitError, OSError) as exc:
@@ -234,6 +237,14 @@ class Fire:
         self.ws = ws
         self.selector.work_in(ws.tree)
         return True
+    def _preflight(self) -> bool:
+        """The runner preflight (what `doctor` checks cheaply) before any claim: a config error is not the item's."""
+        problems, _ = agent_preflight.check(self.cfg.agent, self.env)
+        for p in problems:
+            self.log.error("preflight.failed", error=p.message, fix=p.fix, runner=self.cfg.agent.runner)
+        if problems:
+            self.ctx.emit("preflight.failed", errors=[p.message for p in problems], fix=problems[0].fix)
+        return not problems
 
     def _ended(self, outcome: FireOutcome) -> FireOutcome:
         fields = dict(reason=outcome.reason, cycles=outcome.cycles, exit_code=outcome.exit_code)
@@ -513,6 +524,7 @@ class Fire:
                 facts=(*prompt.read_learnings(self.paths.repo), *self.state.percepts),
                 post_compact=self.state.post_compact,
                 new_id=new_id,
+                last_attempt=last_attempt_note(self.ledger.tail(500).entries, item.ref),
             )
         )
         self._plan = plan
@@ -638,18 +650,19 @@ class Fire:
                 src.finalize(item, claimer, stamp)
             elif src is not None and t.claim is transition.ClaimAction.RELEASE:
                 src.release(item, claimer, stamp, facts.result)
-                if t.park is not None:
-                    self._park(src, item, stamp, t.park)
+                if t.park is not None and not self._park(src, item, stamp, t.park):
+                    t.state.parked_items.remove(item.ref)  # not held out (a goal): not listed as parked
             if t.queue_new_work:
                 scout.queue_new_work(self.ctx, cycle, list(report.new_work), epic=f"evolve-cycle-{cycle}")
         except (SourceError, OSError) as exc:
             self.log.error("claim.error", error=str(exc))
 
-    def _park(self, src: WorkSource, item: WorkItem, stamp: str, park: transition.Park) -> None:
+    def _park(self, src: WorkSource, item: WorkItem, stamp: str, park: transition.Park) -> bool:
         if src.park(item, stamp, park.note):
-            self.log.warning("item.parked", ref=item.ref, attempts=park.attempts)
-        else:
-            self.log.warning("item.attempts_spent", ref=item.ref, attempts=park.attempts, note="source cannot park")
+            self.log.warning("item.parked", ref=item.ref, attempts=park.attempts, remedy=f"evolve requeue {item.ref}")
+            return True
+        self.log.warning("item.attempts_spent", ref=item.ref, attempts=park.attempts, note="source cannot park")
+        return False
 
     def _after_agent(self, cycle: int, item: WorkItem, report: AgentReport, result: str, now: float) -> None:
         """The agent session after the run, any hand-off request it used, and a compaction's block."""
@@ -715,7 +728,7 @@ class Fire:
                 plan["workspace"] = workspace.describe(ws)
                 argv, env_changes = self._runner().plan(replace(inv, repo=ws.tree))
                 plan["selection"] = {**sel.item.as_json(), "ref": sel.item.ref, "rung": sel.rung}
-                plan["agent"] = dryrun.agent_json(agent_plan, inv, argv, env_changes)
+                plan["agent"] = dryrun.agent_json(agent_plan, inv, argv, env_changes, self.cfg.agent.runner)
         self.log.info("fire.dry_run", **{k: v for k, v in plan.items() if k != "agent"})
         out = FireOutcome(exitcodes.OK, "dry-run", halt=d.halt)
         out.entries.append(plan)

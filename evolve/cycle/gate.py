@@ -6,13 +6,15 @@ cycle's own commits and changes: the operator's pre-existing dirty paths are nev
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evolve import crashpoint, gitops
+from evolve import crashpoint, gitops, redact
 from evolve.agent.report import AgentReport
 from evolve.childenv import BASE, FIRE, child_env
 from evolve.config import Config
@@ -20,9 +22,44 @@ from evolve.cycle.workspace import Land, Start, Workspace
 from evolve.paths import Paths
 from evolve.procgroup import Limits, run_group
 from evolve.results import COMMIT_FAILED, LAND_FAILED, SUCCESS, CycleResult
+from evolve.store.atomic import open_artifact
+from evolve.store.dirfd import ensure_dir
 from evolve.work.item import WorkItem, clean_text
 
 _STRUCTURAL_RED = re.compile(r"Pass [0-9]+: (FAILED|BLOCKED)")
+OUTPUT_TAIL_BYTES = 8 * 1024  # of a red command's output kept in the run log
+OUTPUT_TAIL_LINES = 60
+EXCERPT_CHARS = 600  # of that tail kept in the ledger entry (``gate_output``)
+EXCERPT_LINES = 8
+COMMAND_CHARS = 160  # of a command line in ``gate_detail``
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f]")
+
+
+@dataclass(frozen=True)
+class Red:
+    """Why the gate went red: one line naming the command (``gate_detail``) and its output's tail."""
+
+    detail: str
+    output: str = ""  # redacted, at most OUTPUT_TAIL_LINES lines / OUTPUT_TAIL_BYTES
+
+
+def command_label(argv: list[str]) -> str:
+    """The command as an operator would type it, bounded (pure)."""
+    text = shlex.join(argv)
+    return text if len(text) <= COMMAND_CHARS else text[: COMMAND_CHARS - 1] + "…"
+
+
+def output_tail(text: str, *, lines: int = OUTPUT_TAIL_LINES, cap: int = OUTPUT_TAIL_BYTES) -> str:
+    """The last ``lines`` lines of ``text`` within ``cap`` characters, control characters dropped (pure)."""
+    text = _CONTROL.sub("", text.replace("\r\n", "\n"))
+    kept = text.rstrip("\n").split("\n")[-lines:]
+    out = "\n".join(kept)
+    return out if len(out) <= cap else "…" + out[-(cap - 1) :]
+
+
+def excerpt(text: str) -> str:
+    """A short tail for the ledger entry and the status line (pure)."""
+    return output_tail(text, lines=EXCERPT_LINES, cap=EXCERPT_CHARS) if text.strip() else ""
 
 
 @dataclass(frozen=True)
@@ -113,10 +150,11 @@ class Gate:
         extra: dict[str, Any] = {"cycle_start_sha": start.sha}
         touched = (gitops.dirty_paths(tree) - start.dirty_before) | gitops.changed_since(tree, start.sha)
         red = self.run_commands(tree) if report.result in SUCCESS else None
-        verdict = judge(report.result, substantive=bool(gitops.substantive(touched)), red=red)
+        verdict = judge(report.result, substantive=bool(gitops.substantive(touched)), red=red.detail if red else None)
         if verdict.revert:
             if red:
-                self.log.warning("gate.fail", cycle=cycle, detail=red)
+                self.log.warning("gate.fail", cycle=cycle, detail=red.detail)
+                extra.update(self._keep_output(cycle, [red]))
             self.undo(ws, start)
             extra.update(verdict.fields)
             return verdict.result, {**extra, **goal_fields(pre)}
@@ -130,6 +168,7 @@ class Gate:
         if lost:
             detail = "goal regressed: " + ", ".join(lost)
             self.log.warning("gate.fail", cycle=cycle, detail=detail)
+            extra.update(self._keep_output(cycle, goal_reds(lost, post)))
             self.undo(ws, start)
             # The tree is back at the cycle's start, so the pre-cycle measurement is what stands now:
             # logging it keeps Step 1's goal-regression rule from halting on a reverted drop.
@@ -220,27 +259,65 @@ class Gate:
         except gitops.GitError as exc:
             self.log.error("git.push_failed", error=str(exc))
 
-    def run_commands(self, tree: Path | None = None) -> str | None:
-        """The first red gate command's one-line reason, or None when all are green (run in ``tree``)."""
+    def _keep_output(self, cycle: int, reds: list[Red]) -> dict[str, Any]:
+        """Why the cycle went red, kept: each tail in the cycle's run log, an excerpt for the ledger."""
+        r = redact.current()  # the sinks: the run log and the ledger entry
+        shown = [red for red in reds if red.output.strip()]
+        if not shown:
+            return {}
+        text = "".join(f"\n--- evolve gate: {red.detail} (output tail) ---\n{red.output}\n" for red in shown)
+        log_path = self.paths.runs_dir / f"cycle-{cycle}.log"
+        try:
+            ensure_dir(self.paths.runs_dir)
+            fd = open_artifact(log_path)  # a run log: 0600, a planted link replaced, never followed
+            try:
+                os.write(fd, r.text(text).encode("utf-8", "replace"))
+            finally:
+                os.close(fd)
+        except OSError as exc:  # the ledger excerpt still says why
+            self.log.error("gate.output_not_kept", cycle=cycle, path=str(log_path), error=str(exc)[:300])
+        return {"gate_output": r.text(excerpt(shown[0].output)), "run_log": str(log_path)}
+
+    def red_reason(self, cwd: Path) -> str | None:
+        """The gate commands again in ``cwd`` (commits replayed onto a moved branch, §8.3): why red, or None."""
+        red = self.run_commands(cwd)
+        return red.detail if red else None
+
+    def run_commands(self, cwd: Path | None = None) -> Red | None:
+        """The first red gate command (its one-line reason and output tail), or None when all are green.
+
+        ``cwd``: where the commands run (the repository unless said otherwise).
+        """
         env = self.command_env()
+        where = self.paths.repo if cwd is None else cwd
         for argv in self.cfg.gate.commands:
+            label = command_label(argv)
             with tempfile.TemporaryDirectory(prefix="evolve-gate-") as tmp:
                 out = Path(tmp).resolve() / "out"  # our private dir, canonical (TMPDIR may be a link)
                 try:
                     proc = run_group(
                         argv,
-                        cwd=tree or self.paths.repo,
+                        cwd=where,
                         env=env,
                         limits=Limits(timeout_s=self.cfg.gate.timeout_s, grace_s=2.0, tail_bytes=0),
                         log_path=out,
                     )
                 except OSError as exc:
-                    return f"{argv[0]}: {exc}"
+                    return Red(f"{label}: {exc}")
                 text = out.read_text(errors="replace") if out.exists() else ""
+            tail = redact.current().text(output_tail(text))
             if proc.timed_out:
-                return f"{argv[0]}: timed out after {self.cfg.gate.timeout_s:g}s; process group killed"
+                return Red(f"{label}: timed out after {self.cfg.gate.timeout_s:g}s; process group killed", tail)
             if proc.returncode != 0:
-                return f"{argv[0]}: exit {proc.returncode}"
+                return Red(f"{label}: exit {proc.returncode}", tail)
             if _STRUCTURAL_RED.search(text):
-                return f"{argv[0]}: structural FAILED/BLOCKED marker"
+                return Red(f"{label}: structural FAILED/BLOCKED marker", tail)
         return None
+
+
+def goal_reds(lost: list[str], post: dict[str, Any] | None) -> list[Red]:
+    """The goals that regressed, each with the output its check printed after the cycle (pure)."""
+    outputs = {
+        str(g.get("goal_id")): str(g.get("output") or "") for g in (post or {}).get("goals", []) if isinstance(g, dict)
+    }
+    return [Red(f"goal {goal}: fail", output_tail(outputs.get(goal, ""))) for goal in lost]

@@ -22,6 +22,7 @@ from evolve.work import dormancy, ladder
 from evolve.work.item import WorkItem
 
 METRONOME_SOURCE = "metronome-gate-blocked"
+RESCOPE_REMEDY = "write .agents/evolve/RESCOPE with the new direction"
 
 
 def quarantined(ctx: FireContext, item: WorkItem, flips: int, entries: list[dict[str, Any]]) -> None:
@@ -42,13 +43,19 @@ def metronome_blocked(ctx: FireContext, cycle: int, sel: ladder.Selection, entri
     item = WorkItem(source=METRONOME_SOURCE, ref=top.ref if top else "", title=top.title if top else "")
     entry = ctx.entry(cycle, CycleResult.UNCHANGED, item, METRONOME_SOURCE, sel.blocked_mode or "")
     entry["reason"] = sel.reason
+    entry["remedy"] = RESCOPE_REMEDY
     ctx.ledger.append(entry)
     entries.append(entry)
     st = ctx.state
+    # Notified when the stall starts, not on every blocked fire after it (the ledger shows each one).
+    starts = st.last_selected_source != METRONOME_SOURCE
     st.last_logged_cycle = cycle
     st.last_result, st.last_selected_source = str(CycleResult.UNCHANGED), METRONOME_SOURCE
     ctx.save()
-    ctx.log.warning("metronome.blocked", cycle=cycle, mode=sel.blocked_mode, reason=sel.reason)
+    fields = {"cycle": cycle, "mode": sel.blocked_mode, "reason": sel.reason, "remedy": RESCOPE_REMEDY}
+    ctx.log.warning("metronome.blocked", **fields)
+    if starts:
+        ctx.emit("metronome.blocked", **fields)
 
 
 def idle(ctx: FireContext, cycle: int, errors: tuple[str, ...], mode: str, entries: list[dict[str, Any]]) -> None:

@@ -26,6 +26,8 @@ from evolve.store.session_state import SessionState
 from evolve.timeutil import utc_iso
 
 PERCEPTS_KEPT = 20  # facts agents reported, newest last
+PARKED_KEPT = 200  # refs parked by the attempt budget, remembered for `status` and `evolve requeue`
+INFRA = "fatal"  # an infrastructure error (missing binary, HTTP 401): the item did nothing wrong
 DIRECTIVES_KEPT = 200  # landed directives remembered per GOALS era
 
 
@@ -134,6 +136,7 @@ def after_cycle(state: SessionState, facts: CycleFacts, policy: Policy) -> Trans
         claimed_work=None,
         attempts=attempts,
         parked_work=parked,
+        parked_items=_parked_items(state, facts, claim, park),
         landed_directives=_landed(state, facts),
         percepts=[*state.percepts, *facts.percepts][-PERCEPTS_KEPT:] if facts.percepts else list(state.percepts),
         last_logged_cycle=facts.cycle,
@@ -180,8 +183,9 @@ def _attempts(
 ) -> tuple[dict[str, int], list[Any], Park | None]:
     """The per-item attempt budget (docs/DESIGN.md §8): park an item that keeps failing.
 
-    Rate limits, interruptions, context hand-offs and a failed commit (the repo's fault, issue 15)
-    are not attempts: the item did nothing wrong.
+    Rate limits, interruptions, context hand-offs, a failed commit (the repo's fault, issue 15) and
+    an infrastructure error (``fatal``: a missing binary, bad credentials, issue 16) are not
+    attempts: the item did nothing wrong.
     """
     attempts, parked, ref = dict(state.attempts), list(state.parked_work), facts.work_ref
     if claim is ClaimAction.FINALIZE:
@@ -191,7 +195,7 @@ def _attempts(
         claim is ClaimAction.RELEASE
         and facts.result in (CycleResult.FAILED, CycleResult.REGRESSED)
         and not facts.heavy
-        and facts.error_class not in ("limit", "interrupted", COMMIT_FAILED, LAND_FAILED)
+        and facts.error_class not in ("limit", "interrupted", COMMIT_FAILED, LAND_FAILED, INFRA)
     )
     if not counts:
         return attempts, parked, None
@@ -202,6 +206,16 @@ def _attempts(
     attempts.pop(ref, None)
     note = f"evolve: parked after {n} failed attempts (last: {facts.result} {facts.error_class})".strip()
     return attempts, parked, Park(note, n)
+
+
+def _parked_items(state: SessionState, facts: CycleFacts, claim: ClaimAction, park: Park | None) -> list[str]:
+    """The refs the attempt budget parked (until `evolve requeue`); one that lands is no longer parked."""
+    items = [r for r in state.parked_items if r != facts.work_ref]
+    if park is not None:
+        items.append(facts.work_ref)
+    elif claim is not ClaimAction.FINALIZE and facts.work_ref in state.parked_items:
+        items.append(facts.work_ref)  # still parked: keep it (at the end: the newest park last)
+    return items[-PARKED_KEPT:]
 
 
 def _landed(state: SessionState, facts: CycleFacts) -> list[str]:
@@ -222,14 +236,18 @@ def _breaker(
     """Failed non-limit cycles count; ``max`` of them in a row open it; any other result resets it.
 
     Interrupted cycles neither count nor reset: the operator stopped the run, the agent did not fail.
+    An infrastructure error (``fatal``) opens it at once: the next attempt would fail the same way
+    until an operator fixes the cause (and `evolve breaker reset` closes it then).
     """
     failures, until = state.consecutive_failures, state.breaker_open_until
     if facts.result is CycleResult.FAILED and facts.error_class != "limit":
         failures += 1
-        if failures < policy.breaker_failures:
+        if failures < policy.breaker_failures and facts.error_class != INFRA:
             return failures, until, None
         until = utc_iso(facts.now + policy.breaker_cooldown_s)
-        effects.append(Effect("breaker.open", "warning", _fields(failures=failures, until=until), notify=True))
+        cause = "infrastructure error (fatal)" if facts.error_class == INFRA else f"{failures} failed cycles in a row"
+        fields = _fields(failures=failures, until=until, cause=cause, remedy="evolve breaker reset, once fixed")
+        effects.append(Effect("breaker.open", "warning", fields, notify=True))
         return failures, until, Breaker.OPEN
     if facts.result in (CycleResult.FAILED, CycleResult.INTERRUPTED):
         return failures, until, None

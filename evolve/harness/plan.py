@@ -55,6 +55,7 @@ class PlanInput:
     facts: tuple[str, ...] = ()  # remembered facts: learnings, then percepts
     post_compact: PostCompact | None = None
     new_id: str | None = None  # the First session's id (tests and --dry-run pin it)
+    last_attempt: str = ""  # why the previous attempt at this item was reverted (cycle.entry.last_attempt_note)
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,7 @@ def plan_cycle(inp: PlanInput) -> AgentPlan:
         facts=list(inp.facts),
         events=_with_handback(digest, session) if decision.mode != FIRST else "",
         now=inp.now,
+        last_attempt=inp.last_attempt,
     )
     orientation = _lead(orientation, inp, decision)
     return AgentPlan(inp.cycle, decision, orientation, session, request, fork_from)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from evolve import redact
@@ -148,6 +148,8 @@ def timeline_svg(d: ReportData) -> str:
             bits.append(f"context {_num(e.get('context_pct')):.0f}%")
         if e.get("error_class"):
             bits.append(f"error {e['error_class']}")
+        if e.get("gate_detail"):
+            bits.append(f"gate: {e['gate_detail']}")
         out.append(f'<rect class="cycle r-{t(c.result)}" data-cycle="{t(e.get("cycle"))}" data-result="{t(c.result)}" '
                    f'x="{x0:.1f}" y="{lane_cycle}" width="{max(x1 - x0, 3):.1f}" height="28" '
                    f'fill="{color(c.result)}"><title>{t(" · ".join(b for b in bits if b))}</title></rect>')
@@ -315,16 +317,25 @@ def _badge(result: str) -> str:
     return f'<span class="badge" style="background:{color(result)}">{t(result)}</span>'
 
 
+def red_note(e: Mapping[str, Any]) -> str:
+    """Why a cycle went red, in a cycle's note: the failing command and its output's last line."""
+    if not e.get("gate_detail"):
+        return ""
+    last = next((ln for ln in reversed(str(e.get("gate_output") or "").splitlines()) if ln.strip()), "")
+    return f"gate: {e['gate_detail']}" + (f" — {last.strip()[:120]}" if last else "")
+
+
 def _cycle_row(c: Cycle) -> list[str]:
     e = c.entry
     cost = _num(e.get("cost_usd"))
     pct = _num(e.get("context_pct"))
     goals = f"{e['goals_passing']}/{e['goals_total']}" if _num(e.get("goals_passing")) is not None else ""
     note = " ".join(str(x) for x in (e.get("error_class"), e.get("disposition"), e.get("milestone")) if x)
+    note = (note + " " + red_note(e)).strip()
     return [
         t(e.get("cycle")), t(_utc(c.end, "%m-%d %H:%M")), _badge(c.result), t(e.get("target")),
         t(e.get("selected_source")), t(_dur(_num(e.get("duration_s")))), "" if cost is None else t(f"${cost:.2f}"),
-        "" if pct is None else t(f"{pct:.0f}%"), t(goals), t(note[:200]),
+        "" if pct is None else t(f"{pct:.0f}%"), t(goals), t(note[:320]),
     ]
 
 

@@ -8,9 +8,10 @@ Health, and the exit code of ``evolve status``:
 
 - **halted** (75): a fresh KILL or STOP, DORMANT present, or an unacknowledged goal regression —
   the next fire would stop in Step 1 (decided by :func:`evolve.cycle.halt.evaluate`);
-- **degraded** (1): the failure breaker is open, the last cycle failed or crashed (a failed commit adds
-  "commit failed: <why>; <remedy>"), a fire died
-  without being reconciled yet, or the config is invalid (the next fire would exit 78);
+- **degraded** (1): the failure breaker is open (`evolve breaker reset` closes it), the last cycle
+  failed or crashed (a failed commit adds "commit failed: <why>; <remedy>"), a fire died without
+  being reconciled yet, the config is invalid or the runner preflight fails (the next fire would
+  exit 78), or the metronome blocks every fire until RESCOPE is written;
 - **healthy** (0): anything else.
 """
 
@@ -170,6 +171,9 @@ class StatusSnapshot:
     config_error: str | None
     generated_at: str
     set_aside: dict[str, list[str]] = field(default_factory=dict)  # refs/evolve/<kind>/... (§8.3)
+    last_red: dict[str, Any] | None = None  # the newest red cycle in the tail: its command and output tail
+    parked_items: tuple[str, ...] = ()  # refs parked by the attempt budget (`evolve requeue REF`)
+    metronome_blocked: dict[str, Any] | None = None  # a stall: every fire blocked until RESCOPE is written
 
     def as_json(self) -> dict[str, Any]:
         """What ``evolve status --json`` prints (its keys and their order are a published schema)."""
@@ -183,6 +187,7 @@ class StatusSnapshot:
             markers={name: m.as_json() for name, m in self.markers.items()},
             next_fire=None if self.next_fire is None else self.next_fire.as_json(),
             warnings=list(self.warnings),
+            parked_items=list(self.parked_items),
         )
         return out
 
@@ -400,7 +405,8 @@ def _degraded(breaker: Breaker, last: dict[str, Any] | None, fire: dict[str, Any
               config_error: str | None) -> list[str]:
     out: list[str] = []
     if breaker.state == "open":
-        out.append(f"breaker open for {human_s(breaker.eta_s)} more")
+        out.append(f"breaker open for {human_s(breaker.eta_s)} more; `evolve breaker reset` closes it once the"
+                   " cause is fixed")
     if last and isinstance(last.get("result"), str) and last["result"] in FAILURES:
         cls = f" ({last['error_class']})" if last.get("error_class") else ""
         out.append(f"last cycle {last.get('cycle')} {last.get('result')}{cls}")
@@ -413,6 +419,15 @@ def _degraded(breaker: Breaker, last: dict[str, Any] | None, fire: dict[str, Any
     return out
 
 
+def _preflight(cfg: Any, env: Mapping[str, str]) -> list[str]:
+    """The runner preflight every fire runs (agent/preflight.py), seen from this environment."""
+    from evolve.agent import preflight
+
+    problems, _ = preflight.check(cfg.agent, env)
+    return [f"agent preflight fails (fires exit 78 before claiming work): {p.message}; fix: {p.fix}"
+            for p in problems]
+
+
 def _commit_failed(last: dict[str, Any]) -> str:
     """The reason and the way out: the work is not lost, git needs a hand (issue 15)."""
     why = " ".join(str(last.get("error") or "unknown").split())[:200]
@@ -422,7 +437,8 @@ def _commit_failed(last: dict[str, Any]) -> str:
     return f"commit failed: {why}; run `evolve doctor`, fix git, then the next fire retries the item; {kept}"
 
 
-def _warnings(markers: Mapping[str, MarkerInfo], malformed: int, last: dict[str, Any] | None) -> list[str]:
+def _warnings(markers: Mapping[str, MarkerInfo], malformed: int, last: dict[str, Any] | None,
+              parked: list[str]) -> list[str]:
     out = [
         f"{name} {'has expired' if m.effect == EXPIRED_EFFECT else 'is older than its TTL'} and ignored"
         for name, m in markers.items() if m.stale
@@ -431,7 +447,44 @@ def _warnings(markers: Mapping[str, MarkerInfo], malformed: int, last: dict[str,
         out.append(f"{malformed} malformed ledger line(s) near the end")
     if last and last.get("error_class") == "limit":
         out.append(f"rate limited at cycle {last.get('cycle')}; the next fire retries")
+    if parked:
+        shown = ", ".join(parked[-5:]) + (f" (+{len(parked) - 5} more)" if len(parked) > 5 else "")
+        out.append(f"{len(parked)} item(s) parked after failed attempts: {shown};"
+                   " `evolve requeue REF` puts one back")
     return out
+
+
+METRONOME_SOURCE = "metronome-gate-blocked"  # cycle.side.METRONOME_SOURCE (not imported: status stays light)
+
+
+def _stall(entries: list[dict[str, Any]], rescope: bool) -> dict[str, Any] | None:
+    """A metronome stall: the newest entry is a hard block and no RESCOPE waits to lift it (issue 16).
+
+    ``cycle`` is where the stall began: the oldest of the trailing run of blocks (within the tail read).
+    """
+    run = 0
+    while run < len(entries) and entries[-1 - run].get("selected_source") == METRONOME_SOURCE:
+        run += 1
+    if not run or rescope:
+        return None
+    first, last = entries[-run], entries[-1]
+    return {
+        "cycle": first.get("cycle"),
+        "blocked_fires": run,
+        "mode": last.get("mode"),
+        "reason": " ".join(str(last.get("reason") or "same work repeated; RESCOPE needed").split())[:200],
+        "remedy": "write .agents/evolve/RESCOPE with the new direction",
+        "since": first.get("timestamp"),
+    }
+
+
+def _last_red(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The newest entry of the tail that went red at the gate, with why (issue 16: the reason is kept)."""
+    for e in reversed(entries):
+        if e.get("gate_detail"):
+            keys = ("cycle", "timestamp", "work_ref", "target", "result", "gate_detail", "gate_output", "run_log")
+            return {k: e.get(k) for k in keys}
+    return None
 
 
 # -- reading it all --------------------------------------------------------------------------
@@ -473,6 +526,12 @@ def read_snapshot(
     set_aside = setaside.evolve_refs(paths.repo)
     aside_degraded, aside_warnings = setaside.lines(paths.repo, set_aside)
     degraded += aside_degraded
+    stall = _stall(tail.entries, "RESCOPE" in markers)
+    if stall is not None:
+        degraded.append(f"metronome blocked since cycle {stall['cycle']} ({stall['reason']}): every fire stops"
+                        f" before working; {stall['remedy']}")
+    if config_error is None:
+        degraded += _preflight(cfg, env)
     health = HALTED if halt else DEGRADED if degraded else HEALTHY
     return StatusSnapshot(
         repo=str(paths.repo),
@@ -504,10 +563,13 @@ def read_snapshot(
         autocompact=autocompact_info(paths.repo, env),
         recent=tail.entries[-recent:] if recent > 0 else [],
         malformed_lines_seen=tail.malformed,
-        warnings=tuple(_warnings(markers, tail.malformed, last) + aside_warnings),
+        warnings=tuple(_warnings(markers, tail.malformed, last, st.parked_items) + aside_warnings),
         config_error=config_error,
         generated_at=utc_iso(now),
         set_aside=set_aside,
+        last_red=_last_red(tail.entries),
+        metronome_blocked=stall,
+        parked_items=tuple(st.parked_items),
     )
 
 

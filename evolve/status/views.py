@@ -46,7 +46,19 @@ def _notes(e: Mapping[str, Any], *, disposition: bool = False) -> str:
         extra += f" ({e['disposition']})"
     if e.get("milestone"):
         extra += f" — {e['milestone']}"
+    if e.get("gate_detail"):
+        extra += f" gate: {e['gate_detail']}"
+    elif e.get("error") and e.get("result") in ("failed", "crashed"):
+        extra += f" {' '.join(str(e['error']).split())[:160]}"
+    if e.get("selected_source") == "metronome-gate-blocked":
+        extra += " [metronome block: write .agents/evolve/RESCOPE with the new direction]"
     return extra
+
+
+def _output_lines(e: Mapping[str, Any], indent: str, n: int = 3) -> list[str]:
+    """The last lines of a red cycle's gate output (``gate_output``), indented under its row."""
+    lines = [ln for ln in str(e.get("gate_output") or "").splitlines() if ln.strip()][-n:]
+    return [f"{indent}| {ln[:160]}\n" for ln in lines]
 
 
 # -- status ----------------------------------------------------------------------------------
@@ -155,6 +167,12 @@ def render_status(info: Mapping[str, Any]) -> str:
         _autocompact_line(info.get("autocompact") or {}),
         *(f"warning    {w}\n" for w in info.get("warnings") or []),
     ]
+    red = info.get("last_red")
+    if red:
+        out.append(f"last red   #{red.get('cycle')} {red.get('target') or ''}: {red.get('gate_detail')}\n")
+        out.extend(_output_lines(red, "           "))
+        if red.get("run_log"):
+            out.append(f"           run log {red['run_log']}\n")
     if info["recent"]:
         out.append("recent\n")
         out.extend(_short(e) for e in info["recent"])
@@ -226,7 +244,10 @@ def render_history(entries: list[dict[str, Any]], malformed: int) -> str:
     if not entries:
         lines = ["  (no cycles match)\n" if malformed else "  (no cycles yet)\n"]
     else:
-        lines = [*_history_summary(entries), *(_row(e) for e in entries)]
+        lines = [*_history_summary(entries)]
+        for e in entries:
+            lines.append(_row(e))
+            lines.extend(_output_lines(e, "         "))
     if malformed:
         lines.append(f"  ({malformed} malformed line(s) skipped)\n")
     return term_safe("".join(lines))

@@ -44,6 +44,7 @@ class SessionState:
     landed_directives: list[str] = field(default_factory=list)  # "<goals era>|<directive ref>"
     percepts: list[str] = field(default_factory=list)  # facts agents reported, newest last
     attempts: dict[str, int] = field(default_factory=dict)  # failed/regressed cycles per work ref
+    parked_items: list[str] = field(default_factory=list)  # refs the attempt budget parked, until `evolve requeue`
     post_compact: PostCompact | None = None  # the state block for the next resumed run after a compaction
     updated_at: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -83,6 +84,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "landed_directives": (list,),
     "percepts": (list,),
     "attempts": (dict,),
+    "parked_items": (list,),
     "post_compact": (dict, type(None)),
     "updated_at": (str, type(None)),
 }
@@ -104,7 +106,7 @@ def _type_ok(name: str, value: Any) -> bool:
     # Containers the fire does arithmetic or string work on must hold the right items too.
     if name == "attempts":
         return all(_is_int(v) for v in value.values())
-    if name in ("percepts", "landed_directives", "parked_work"):
+    if name in ("percepts", "landed_directives", "parked_work", "parked_items"):
         return all(isinstance(v, str) for v in value)
     return True
 

@@ -147,6 +147,11 @@ class BeadsSource:
         self._update("update", bead_id(item), "--status", "blocked", "--notes", note)
         return True
 
+    def unpark(self, ref: str) -> None:
+        """``evolve requeue``: a bead the attempt budget blocked is opened again."""
+        note = "evolve: requeued by the operator"
+        self._update("update", ref.removeprefix("bead:"), "--status", "open", "--notes", note)
+
     def defer(self, item: WorkItem, now: str, reason: str) -> None:
         self._update("update", bead_id(item), "--status", "deferred", "--notes", f"defer: {reason}")
 

@@ -628,6 +628,20 @@ class HarvestedQueue:
         self._update(item, _open, {**fields, "failed_at": now, "blocked_note": note})
         return True  # (an item consumed meanwhile needs no parking)
 
+    def unpark(self, ref: str, now: str) -> bool:
+        """``evolve requeue``: a parked (``status: "blocked"``) item becomes selectable again; True when one did."""
+
+        def parked(entry: dict[str, Any], it: dict[str, Any]) -> bool:
+            consumed = entry.get("consumed") is True or it.get("consumed") is True
+            return it.get("status") == "blocked" and not consumed
+
+        def clear(_entry: dict[str, Any], it: dict[str, Any]) -> None:
+            it.pop("status", None)
+            it.pop("blocked_note", None)
+
+        probe = WorkItem(source=self.name, ref=ref, title="")
+        return self._update(probe, parked, {"requeued_at": now}, then=clear)
+
     def _update(
         self,
         item: WorkItem,

@@ -28,6 +28,10 @@ RUNNER_UP = "runner-up"
 FINDING_SEVERITIES = frozenset({"high", "medium"})
 
 _SUFFIX = re.compile(r"-\d+(st|nd|rd|th)?$")
+# A trailing number on a title ("retry lint 2", "bump deps #3", "flaky test (2nd)"): the same work again.
+_TITLE_NUMBER = re.compile(r"[\s#(\-]*\d+(st|nd|rd|th)?\)?$")
+ITEM_SOURCES_BY_ID = ("goal", "directive")  # their shape is already one goal / directive
+KEY_SEP = "~"
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,7 @@ class LadderInput:
     generators_configured: bool = False
     quality: bool = False
     restorative: bool = False
-    trailing_modes: tuple[str, ...] = ()  # modes of productive entries, oldest first
+    trailing_modes: tuple[str, ...] = ()  # metronome keys of productive entries, oldest first (productive_modes)
     goal_flips: Mapping[str, int] = field(default_factory=dict)
     quarantined_logged: frozenset[str] = frozenset()
     landed: frozenset[str] = frozenset()  # directive refs already landed in this GOALS era
@@ -90,6 +94,35 @@ def shape_of(item: WorkItem) -> str:
     if item.source in ("goal", "directive"):
         return item.ref.split(":", 1)[-1]
     return item.type or "work"
+
+
+def title_stem(title: str) -> str:
+    """A title as the metronome compares it: case and spacing folded, a trailing number dropped (pure)."""
+    text = " ".join(str(title).lower().split())
+    return _TITLE_NUMBER.sub("", text).strip()[:80]
+
+
+def _key(mode: str, title: str) -> str:
+    if mode.split(":", 1)[0] in ITEM_SOURCES_BY_ID:
+        return mode
+    stem = title_stem(title)
+    return f"{mode}{KEY_SEP}{stem}" if stem else mode
+
+
+def metronome_key(item: WorkItem) -> str:
+    """What "the same shape" means to the metronome (docs/DESIGN.md §6.5, issue 16).
+
+    A goal or a directive is one piece of work already: its mode (``goal:<id>``) is the key. A
+    concrete item (harvested, bead, generated) adds its title stem to its ``source:type`` mode: five
+    *different* bugs in a row are normal work, while the same item coming back again and again
+    (re-queued, regenerated with a number on its title) is a thrash.
+    """
+    return _key(work_mode(item), item.title)
+
+
+def entry_key(e: Mapping[str, Any]) -> str:
+    """:func:`metronome_key` of the cycle a ledger entry records (its ``mode`` and ``target``)."""
+    return _key(str(e.get("mode")), str(e.get("target") or ""))
 
 
 def trailing_streak(modes: Sequence[str], mode: str) -> int:
@@ -153,7 +186,7 @@ def select(inp: LadderInput) -> Selection:
         top, after = _scan_rung(rung, probe.items, inp, considered, quarantine)
         if top is None:
             continue
-        mode = work_mode(top)
+        mode = metronome_key(top)
         streak = trailing_streak(inp.trailing_modes, mode)
         if streak >= HARD_REPEAT:
             considered.append(Considered(rung, top.ref, top.title, f"metronome hard block ({mode} x{streak})"))
@@ -299,4 +332,5 @@ def era_entries(tail: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
 
 
 def productive_modes(tail: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
-    return tuple(str(e.get("mode")) for e in tail if e.get("result") in PRODUCTIVE and e.get("mode"))
+    """The metronome keys (:func:`entry_key`) of the productive entries, oldest first."""
+    return tuple(entry_key(e) for e in tail if e.get("result") in PRODUCTIVE and e.get("mode"))
