@@ -41,3 +41,12 @@ UNSUCCESSFUL: frozenset[str] = FAILURES | {CycleResult.INTERRUPTED, CycleResult.
 # the gate could not commit a green change (issue 15). The cycle is ``failed``, the item released and
 # not charged an attempt (the repo, not the item, is at fault); it does count for the breaker.
 COMMIT_FAILED = "commit_failed"
+
+
+def is_idle_poll(entry: dict[str, object]) -> bool:
+    """A pass that found no work (``evolve.cycle.side.idle``): the loop polling, not a cycle of work.
+
+    Counted apart from cycles by the metrics, ``status`` ("today") and the report, and hidden by
+    ``evolve history`` unless ``--all``.
+    """
+    return entry.get("target") == "idle" and entry.get("mode") == "idle"

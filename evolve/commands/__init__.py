@@ -26,7 +26,7 @@ class CommandInfo(NamedTuple):
 COMMANDS: dict[str, CommandInfo] = {
     "fire": CommandInfo("evolve.commands.fire", "one fire: lock, step 1, cycles (what cron/systemd run)"),
     "status": CommandInfo(
-        "evolve.commands.status", "what the loop is doing and why (exit 0 healthy, 1 degraded, 75 halted)"
+        "evolve.commands.status", "what the loop is doing and why (exit 0 healthy/dormant, 1 degraded, 75 halted)"
     ),
     "history": CommandInfo(
         "evolve.commands.status", "ledger entries, newest last, with sparklines (or JSONL with --json)"

@@ -146,7 +146,7 @@ def render_status(info: Mapping[str, Any]) -> str:
         _running_line(info),
         _next_fire_line(info.get("next_fire")),
         f"ledger     last cycle {info['last_logged_cycle']}, last result {info['last_result']};"
-        f" today {info.get('cycles_today', 0)} cycle(s), {cost}\n",
+        f" today {info.get('cycles_today', 0)} cycle(s), {cost}, {info.get('idle_polls_today', 0)} idle poll(s)\n",
         f"context    streak {info['context_streak']}/{info['context_streak_limit']}"
         f", parked {orjson.dumps(info['parked_work']).decode()}\n",
         _breaker_line(info.get("breaker") or {}),
@@ -222,11 +222,13 @@ def _history_summary(entries: Sequence[Mapping[str, Any]]) -> list[str]:
     ]
 
 
-def render_history(entries: list[dict[str, Any]], malformed: int) -> str:
+def render_history(entries: list[dict[str, Any]], malformed: int, *, idle_hidden: int = 0) -> str:
     if not entries:
-        lines = ["  (no cycles match)\n" if malformed else "  (no cycles yet)\n"]
+        lines = ["  (no cycles match)\n" if malformed or idle_hidden else "  (no cycles yet)\n"]
     else:
         lines = [*_history_summary(entries), *(_row(e) for e in entries)]
+    if idle_hidden:
+        lines.append(f"  ({idle_hidden} idle poll(s) hidden; --all shows them)\n")
     if malformed:
         lines.append(f"  ({malformed} malformed line(s) skipped)\n")
     return term_safe("".join(lines))
