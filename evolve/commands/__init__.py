@@ -31,6 +31,7 @@ COMMANDS: dict[str, CommandInfo] = {
     "history": CommandInfo(
         "evolve.commands.status", "ledger entries, newest last, with sparklines (or JSONL with --json)"
     ),
+    "logs": CommandInfo("evolve.commands.logs", "a cycle's run log: what the agent printed (default: the newest)"),
     "stop": CommandInfo("evolve.commands.markers", "write STOP (halt until `evolve resume`)"),
     "kill": CommandInfo("evolve.commands.markers", "write KILL"),
     "resume": CommandInfo("evolve.commands.markers", "remove STOP (and KILL with --kill)"),

@@ -507,7 +507,7 @@ def read_snapshot(
         breaker=breaker,
         agent_session=_session(session, scan, now),
         markers=markers,
-        next_fire=next_fire(paths, now) if probe_schedule else None,
+        next_fire=next_fire(paths, now, env) if probe_schedule else None,
         cycles_today=scan["cycles_today"],
         idle_polls_today=scan["idle_polls_today"],
         cost_today_usd=scan["cost_today_usd"],

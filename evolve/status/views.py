@@ -77,11 +77,12 @@ def _running_line(info: Mapping[str, Any]) -> str:
 
 def _next_fire_line(nf: Mapping[str, Any] | None) -> str:
     if nf and nf.get("at"):
-        who = f"daemon pid {nf.get('pid')}" if nf["source"] == "daemon" else f"systemd {nf.get('unit')}"
+        who = (f"daemon pid {nf.get('pid')}" if nf["source"] == "daemon" else "crontab line" if nf["source"] == "cron"
+               else f"systemd {nf.get('unit')}")
         return f"next fire  {nf['at']} (in {human_s(nf.get('in_s'))}, {who})\n"
     if nf:
         return f"next fire  unknown ({nf['source']} running, no time published)\n"
-    return "next fire  unknown (no daemon or systemd timer found)\n"
+    return "next fire  unknown (no daemon, systemd timer or crontab line found)\n"
 
 
 def _breaker_line(b: Mapping[str, Any]) -> str:
