@@ -29,7 +29,7 @@ COMMANDS: dict[str, CommandInfo] = {
         "evolve.commands.status", "what the loop is doing and why (exit 0 healthy/dormant, 1 degraded, 75 halted)"
     ),
     "history": CommandInfo(
-        "evolve.commands.status", "ledger entries, newest last, with sparklines (or JSONL with --json)"
+        "evolve.commands.status", "ledger entries, newest last, with sparklines (--json: JSONL; --all: idle polls too)"
     ),
     "logs": CommandInfo("evolve.commands.logs", "a cycle's run log: what the agent printed (default: the newest)"),
     "stop": CommandInfo("evolve.commands.markers", "write STOP (halt until `evolve resume`)"),

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         observers = observers_for(cfg, paths)
     started = time.monotonic()
     outcome = Fire(paths, cfg, opts, observers=observers).run()
-    if not args.dry_run and tty.colour_on(sys.stdout, {}):
+    if not args.dry_run and sys.stdout.isatty():
         # A person at a terminal gets one line at the end (the logs above are for machines and journald).
         line = tty.fire_summary(outcome.entries, reason=outcome.reason, exit_code=outcome.exit_code,
                                 cost_usd=outcome.cost_usd, elapsed_s=time.monotonic() - started)
