@@ -64,8 +64,9 @@ class _CommandParser(_Parser):
         if self._command is not None:
             name, self._command = self._command, None
             commands.load(name).add_arguments(self, name)
-            # `evolve status --repo X` as well as `evolve --repo X status`; SUPPRESS: absent, it leaves
-            # the top-level value alone.
+        if "--repo" not in self._option_string_actions:
+            # `evolve status --repo X` as well as `evolve --repo X status` (and after a nested command,
+            # `evolve handoff continue --repo X`); SUPPRESS: absent, it leaves the top-level value alone.
             self.add_argument("--repo", type=Path, default=argparse.SUPPRESS,
                               help="repository (default: git top level of the cwd); also before the command")
             _LOADED_OPTIONS[:] = list(self._option_string_actions)

@@ -300,6 +300,10 @@ def test_did_you_mean_for_config_keys_and_the_command_line(env: Env, cli, tmp_pa
                          capture_output=True, text=True, cwd=tmp_path, env=env.env(), timeout=60)
     assert out.returncode == 0, out.stderr
     assert orjson.loads(out.stdout)["repo"] == str(env.repo.resolve())
+    nested = subprocess.run([sys.executable, "-m", "evolve", "handoff", "continue", "--repo", str(env.repo)],
+                            capture_output=True, text=True, cwd=tmp_path, env=env.env(), timeout=60)
+    assert nested.returncode == 0, nested.stderr
+    assert env.paths.handoff_pending.exists()
 
 
 # -- item 8: the first hour ----------------------------------------------------------------------------
