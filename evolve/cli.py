@@ -16,7 +16,39 @@ from evolve import __version__, commands, exitcodes
 from evolve.errors import EvolveError
 
 
-class _CommandParser(argparse.ArgumentParser):
+class _Parser(argparse.ArgumentParser):
+    """argparse with "did you mean" on a mistyped command or option (difflib, as git does)."""
+
+    def error(self, message: str) -> Any:
+        super().error(message + _suggestion(message, self))
+
+
+def _suggestion(message: str, parser: argparse.ArgumentParser) -> str:
+    import difflib
+    import re
+
+    m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+    if m:
+        known = re.findall(r"'([^']*)'", m.group(2))
+        close = difflib.get_close_matches(m.group(1), known, n=1, cutoff=0.6)
+        return f"; did you mean {close[0]!r}?" if close else ""
+    m = re.search(r"unrecognized arguments: (.*)", message)
+    if not m:
+        return ""
+    known = [o for o in (*parser._option_string_actions, *_LOADED_OPTIONS) if o.startswith("--")]
+    out = []
+    for word in m.group(1).split():
+        close = difflib.get_close_matches(word.split("=")[0], known, n=1, cutoff=0.6) if word.startswith("-") else []
+        if close:
+            out.append(f"{word} -> {close[0]}")
+    return f"; did you mean: {', '.join(out)}?" if out else ""
+
+
+# The options of the subcommand argparse picked, for the top-level parser's "unrecognized arguments".
+_LOADED_OPTIONS: list[str] = []
+
+
+class _CommandParser(_Parser):
     """A subcommand's parser that takes its options from the command's module only once argparse picks it.
 
     So ``evolve status`` imports no other command's module, and ``evolve --help`` none at all: the
@@ -32,11 +64,17 @@ class _CommandParser(argparse.ArgumentParser):
         if self._command is not None:
             name, self._command = self._command, None
             commands.load(name).add_arguments(self, name)
+        if "--repo" not in self._option_string_actions:
+            # `evolve status --repo X` as well as `evolve --repo X status` (and after a nested command,
+            # `evolve handoff continue --repo X`); SUPPRESS: absent, it leaves the top-level value alone.
+            self.add_argument("--repo", type=Path, default=argparse.SUPPRESS,
+                              help="repository (default: git top level of the cwd); also before the command")
+            _LOADED_OPTIONS[:] = list(self._option_string_actions)
         return super().parse_known_args(args, namespace)
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = _Parser(
         prog="evolve",
         description="Run a coding agent unattended against a git repository, across its context limits.",
     )
@@ -75,6 +113,17 @@ def _error_text(text: str) -> str:
     return current().text(text)
 
 
+def _state_dir(args: argparse.Namespace) -> Path | None:
+    """The repository's state directory, for an error naming a file relative to it; None when unknown."""
+    try:
+        from evolve.commands._common import repo_of
+        from evolve.paths import Paths
+
+        return Paths.for_repo(repo_of(args)).evolve_dir
+    except Exception:
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     try:
@@ -90,6 +139,13 @@ def main(argv: list[str] | None = None) -> int:
         # One line, whatever a hostile key or path contains.
         print("evolve: " + _error_text(" ".join(str(exc).split("\n"))), file=sys.stderr)
         return exc.exit_code
+    except PermissionError as exc:
+        # Not "unexpected": an unreadable ledger or an unwritable state directory, said with its fix.
+        from evolve.errors import permission_text
+
+        print("evolve: " + _error_text(" ".join(permission_text(exc, _state_dir(args)).split("\n"))),
+              file=sys.stderr)
+        return exitcodes.CONFIG
     except KeyboardInterrupt:
         return exitcodes.SIGINT
     except BrokenPipeError:

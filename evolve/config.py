@@ -357,13 +357,14 @@ def resolve(
     layers: dict[str, dict[str, tuple[Any, str]]] = {s: {} for s in SECTIONS}
     for section, table in toml.items():
         if section not in SECTIONS:
-            raise ConfigError(f"{toml_path}: unknown section [{_shown(section)}]")
+            raise ConfigError(f"{toml_path}: unknown section [{_shown(section)}]{did_you_mean(section, SECTIONS)}")
         if not isinstance(table, dict):
             raise ConfigError(f"{toml_path}: [{_shown(section)}] must be a table")
         fields = _section_fields(section)
         for key, value in table.items():
             if key not in fields:
-                raise ConfigError(f"{toml_path}: unknown key {section}.{_shown(key)}")
+                hint = did_you_mean(key, fields, prefix=f"{section}.")
+                raise ConfigError(f"{toml_path}: unknown key {section}.{_shown(key)}{hint}")
             layers[section][key] = checked(section, key, value, toml_path)
     for section, table in env_overrides(env).items():
         for key, (value, where) in table.items():
@@ -375,6 +376,16 @@ def resolve(
     for section, cls in SECTIONS.items():
         built[section] = cls(**{key: value for key, (value, _) in layers[section].items()})
     return Config(**built)
+
+
+def did_you_mean(word: object, known: Any, prefix: str = "") -> str:
+    """``"; did you mean X?"`` for the closest known name (difflib), or "" when none is close."""
+    import difflib
+
+    if not isinstance(word, str):
+        return ""
+    close = difflib.get_close_matches(word, [str(k) for k in known], n=1, cutoff=0.6)
+    return f"; did you mean {prefix}{close[0]}?" if close else ""
 
 
 def load(config_path: Path, env: Mapping[str, str], flags: Mapping[str, Mapping[str, Any]] | None = None) -> Config:

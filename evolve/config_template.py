@@ -109,5 +109,5 @@ TEMPLATE = """\
 # baselines_max_count = 200  # fitness-baselines/: the newest this many are kept
 
 [metrics]
-# textfile_dir = ""          # node_exporter textfile dir: evolve.prom is rewritten atomically after every fire
+# textfile_dir = ""          # node_exporter textfile dir: evolve-<repo>-<hash>.prom rewritten after every fire
 """

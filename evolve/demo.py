@@ -181,17 +181,21 @@ def _fire(repo: Path, root: Path, *extra: str) -> tuple[int, list[dict[str, Any]
     proc = subprocess.run(
         [sys.executable, "-m", "evolve", "--repo", str(repo), "fire", *extra], capture_output=True, env=env, check=False
     )
-    events = []
-    for line in proc.stdout.splitlines():
+    events, logs, other = [], [], []
+    for line in proc.stderr.splitlines():  # the fire's logs (JSON lines, stderr is not a terminal here)
         try:
             obj = orjson.loads(line)
         except orjson.JSONDecodeError:
-            continue
+            obj = None
         if isinstance(obj, dict):
             events.append(obj)
-    (root / "fire-logs.jsonl").open("ab").write(proc.stdout)
-    if proc.stderr:
-        sys.stderr.write(proc.stderr.decode(errors="replace"))
+            logs.append(line + b"\n")
+        else:
+            other.append(line + b"\n")
+    with (root / "fire-logs.jsonl").open("ab") as fh:
+        fh.write(b"".join(logs))
+    if other:
+        sys.stderr.write(b"".join(other).decode(errors="replace"))
     return proc.returncode, events
 
 
@@ -220,7 +224,9 @@ def _narrate(events: list[dict[str, Any]]) -> None:
             _say(f"  fire.end          reason {e.get('reason')}, {e.get('cycles')} cycle(s), exit {e.get('exit_code')}")
 
 
-def run_demo(where: Path | None, *, keep: bool) -> int:
+def run_demo(where: Path | None, *, keep: bool = True) -> int:
+    """The demo in ``where`` (or a new temp dir). It is kept unless ``keep`` is false: the narration
+    points at its files, so deleting them would leave the operator with paths to nothing."""
     root = Path(tempfile.mkdtemp(prefix="evolve-demo-")) if where is None else where.resolve()
     if where is not None:
         if root.exists() and any(root.iterdir()):
@@ -261,12 +267,15 @@ def run_demo(where: Path | None, *, keep: bool) -> int:
         )
         for line in st.stdout.splitlines():
             _say(f"  {line}")
-        _say("\nLook at:")
-        _say(f"  {paths.ledger}")
-        _say(f"  {paths.state}")
-        _say(f"  {paths.nextwork}")
-        _say(f"  {root / 'fire-logs.jsonl'}   (the fires' structured logs)")
-        _say(f"  git -C {repo} log --oneline")
+        if keep:
+            _say("\nLook at:")
+            _say(f"  {paths.ledger}")
+            _say(f"  {paths.state}")
+            _say(f"  {paths.nextwork}")
+            _say(f"  {root / 'fire-logs.jsonl'}   (the fires' structured logs)")
+            _say(f"  git -C {repo} log --oneline")
+            _say(f"  evolve --repo {repo} history    (and status, report, logs N)")
+            _say(f"(the demo stays in {root}; remove it with `rm -rf {root}`)")
         ok = (
             code1 == 0
             and code2 == 0
@@ -280,7 +289,7 @@ def run_demo(where: Path | None, *, keep: bool) -> int:
         return 0 if ok else 1
     finally:
         if not keep:
-            _say(f"(removing {root}; use --keep or --dir to keep it)")
+            _say(f"(removed the demo directory {root}, as --rm asked)")
             shutil.rmtree(root, ignore_errors=True)
 
 

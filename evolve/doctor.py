@@ -271,22 +271,9 @@ def check_autocompact(ac: Mapping[str, Any]) -> Finding:
     return Finding("autocompact", WARN, text, fix)
 
 
-def _crontab_lines(env: Mapping[str, str]) -> list[str]:
-    tool = _which("crontab", env)
-    if tool is None:
-        return []
-    try:
-        p = subprocess.run([tool, "-l"], capture_output=True, text=True, timeout=5, env=dict(env), check=False,
-                           stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    if p.returncode != 0:
-        return []
-    return [ln for ln in p.stdout.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
-
-
 def check_schedule(paths: Any, env: Mapping[str, str]) -> Finding:
-    from evolve.status.schedule import daemon_info, systemd_timers
+    from evolve.status.schedule import cron_next, crontab_lines, daemon_info, systemd_timers
+    from evolve.timeutil import utc_iso
 
     d = daemon_info(paths)
     if d is not None:
@@ -295,16 +282,46 @@ def check_schedule(paths: Any, env: Mapping[str, str]) -> Finding:
     if timers:
         names = ", ".join(f"{t['unit']} ({t['scope']})" for t in timers)
         return Finding("schedule", OK, f"systemd timer(s): {names}")
-    lines = _crontab_lines(env)
+    lines = crontab_lines(env)
     repo = str(paths.repo)
     mine = [ln for ln in lines if "evolve" in ln and repo in ln]
     if mine:
-        return Finding("schedule", OK, f"crontab: {mine[0][:160]}")
+        nxt = cron_next(lines, repo, time.time())
+        when = f" (next fire {utc_iso(nxt[1])})" if nxt else ""
+        return Finding("schedule", OK, f"crontab: {mine[0][:160]}{when}")
     if any("evolve" in ln for ln in lines):
         return Finding("schedule", WARN, "a crontab line runs evolve, but not for this repo",
                        f"add `cd {repo} && evolve fire` to the crontab, or `evolve install cron`")
     return Finding("schedule", WARN, "no schedule found (no daemon, systemd timer or crontab line)",
                    "evolve install systemd --user (or cron), or run `evolve daemon`; `evolve fire` by hand works too")
+
+
+def check_schedule_config(cfg: Any) -> list[Finding]:
+    """``schedule.cron`` and ``schedule.timezone`` as the daemon and ``evolve install`` will read them.
+
+    The config loader takes them as strings; a bad one used to surface only when the daemon started
+    (exit 78) or a rendering was refused, so doctor parses them here.
+    """
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    from evolve import cronexpr
+
+    out = []
+    sched = cfg.schedule
+    try:
+        cronexpr.parse(sched.cron)
+        out.append(Finding("schedule.cron", OK, repr(sched.cron)))
+    except ValueError as exc:
+        out.append(Finding("schedule.cron", FAIL, f"{sched.cron!r}: {exc}",
+                           "five fields (minute hour day month weekday), six with seconds first, or @hourly/@daily;"
+                           " e.g. \"*/30 * * * *\""))
+    try:
+        ZoneInfo(sched.timezone)
+        out.append(Finding("schedule.tz", OK, repr(sched.timezone)))
+    except (ZoneInfoNotFoundError, ValueError):
+        out.append(Finding("schedule.tz", FAIL, f"schedule.timezone {sched.timezone!r} is not a known time zone",
+                           "an IANA name such as \"UTC\" or \"Europe/Berlin\" (see /usr/share/zoneinfo)"))
+    return out
 
 
 def _git(repo: Path, *args: str) -> tuple[int | None, str, str]:
@@ -407,8 +424,11 @@ def diagnose(repo: Path, env: Mapping[str, str]) -> list[Finding]:
         cfg = Config()
         findings.append(Finding("config", FAIL, " ".join(str(exc).split())[:300],
                                 "fix that key (see .agents/evolve/config.toml comments); fires exit 78 until then"))
+    findings += check_schedule_config(cfg)
     findings += check_agent(cfg, repo, env)
-    findings.append(check_claudecode(env))
+    claude = cfg.agent.runner == "claude"  # CLAUDECODE and autocompact concern Claude Code only
+    if claude:
+        findings.append(check_claudecode(env))
     findings.append(check_tracker(cfg, repo, env))
     findings += check_state_dir(paths.evolve_dir)
     if cfg.metrics.textfile_dir:
@@ -429,7 +449,8 @@ def diagnose(repo: Path, env: Mapping[str, str]) -> list[Finding]:
         findings.append(Finding("status", FAIL, f"cannot read the state: {type(exc).__name__}: {exc}"[:300],
                                 "look at .agents/evolve/session-state.json and cycle-history.jsonl"))
     findings += check_markers(snap)
-    findings.append(check_autocompact(snap.autocompact if snap is not None else {}))
+    if claude:
+        findings.append(check_autocompact(snap.autocompact if snap is not None else {}))
     findings.append(check_schedule(paths, env))
     return findings
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from evolve.childenv import GIT_IDENTITY, child_env
-from evolve.errors import UsageError
+from evolve.errors import ConfigError, UsageError, owner_name
 
 if TYPE_CHECKING:
     import subprocess
@@ -274,8 +274,24 @@ def _rev_parse_toplevel(start: Path) -> Path:
     except FileNotFoundError as exc:
         raise UsageError("git is not installed; evolve needs it") from exc
     if out.returncode != 0:
+        if "dubious ownership" in (out.stderr or "") or "safe.directory" in (out.stderr or ""):
+            raise ConfigError(unsafe_repo_text(start, out.stderr or ""))
         raise UsageError(f"{start} is not inside a git repository (use --repo PATH)")
     return Path(out.stdout.strip())
+
+
+def unsafe_repo_text(start: Path, stderr: str) -> str:
+    """git's ``safe.directory`` refusal, said as what it is: whose repository, and the two ways out."""
+    import re
+
+    m = re.search(r"repository at '([^']+)'", stderr)
+    top = m.group(1) if m else str(start)
+    owner = owner_name(Path(top))
+    me = owner_name(None)
+    return (f"git refuses the repository at {top}: it is owned by {owner} and evolve runs as {me} "
+            f"(git's safe.directory check, not a missing repository); run evolve as {owner}, or trust it with "
+            f"`git config --global --add safe.directory {top}`")
+
 
 
 def is_internal(path: str) -> bool:

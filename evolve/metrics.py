@@ -1,7 +1,8 @@
 """Prometheus metrics in the text exposition format, for node_exporter's textfile collector.
 
-``evolve.prom`` is written atomically (temp file in the same directory, fsync, rename), with no
-timestamps inside: alert on ``node_textfile_mtime_seconds`` staleness and on
+``evolve-<repo>-<hash>.prom`` (one file per repository, :func:`textfile_name`, so repositories that
+share a textfile directory never overwrite each other) is written atomically (temp file in the same
+directory, fsync, rename), with no timestamps inside: alert on ``node_textfile_mtime_seconds`` staleness and on
 ``time() - evolve_last_success_timestamp_seconds``.
 
 Counters over the whole ledger are kept incrementally in ``metrics-cache.json`` (the byte offset read
@@ -23,20 +24,22 @@ import orjson
 
 from evolve import redact
 from evolve.paths import Paths, operator_root
-from evolve.results import UNSUCCESSFUL
+from evolve.results import UNSUCCESSFUL, is_idle_poll
 from evolve.status.snapshot import load_config, read_snapshot
 from evolve.store.atomic import atomic_write_bytes, write_json
 from evolve.timeutil import parse_iso
 
-TEXTFILE_NAME = "evolve.prom"
-CACHE_VERSION = 1
+TEXTFILE_NAME = "evolve.prom"  # before per-repository names: removed when it is this repository's
+CACHE_VERSION = 2
 PROBE_BYTES = 64
 CHUNK = 1 << 20
 
 RESULTS = ("improved", "regressed", "harvested", "unchanged", "scout", "context-handoff", "quarantined", "failed",
            "interrupted", "crashed")
 DURATION_BUCKETS = (30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1200.0, 1800.0, 3600.0)
-HALT_MARKERS = (("KILL", ("KILL", "KILL(global)")), ("STOP", ("STOP",)), ("DORMANT", ("DORMANT",)))
+HALT_MARKERS = (("KILL", ("KILL", "KILL(global)")), ("STOP", ("STOP",)))
+# evolve_status_health: the status exit code, except DORMANT (exit 0, caught up) which gets its own value.
+HEALTH_VALUE = {"healthy": 0, "degraded": 1, "dormant": 2, "halted": 75}
 
 
 # -- ledger counters, kept incrementally ------------------------------------------------------
@@ -55,8 +58,17 @@ class LedgerCounts:
     malformed: int = 0
     last_cycle_ts: float | None = None
     last_success_ts: float | None = None
+    idle_polls: int = 0
+    last_idle_poll_ts: float | None = None
 
     def add(self, e: dict[str, Any]) -> None:
+        if is_idle_poll(e):
+            # "Nothing to do" is the loop polling, not a cycle: counted apart, so cycle counts mean work.
+            self.idle_polls += 1
+            ts = parse_iso(e.get("timestamp"))
+            if ts is not None:
+                self.last_idle_poll_ts = ts if self.last_idle_poll_ts is None else max(self.last_idle_poll_ts, ts)
+            return
         result = e.get("result")
         result = result if isinstance(result, str) else "unknown"
         self.results[result] = self.results.get(result, 0) + 1
@@ -251,8 +263,12 @@ def render(paths: Paths, cfg: Any, env: Mapping[str, str], *, beads: bool = True
 
     results = dict.fromkeys(RESULTS, 0)
     results.update(counts.results)
-    x.family("evolve_cycles_total", "counter", "Cycles recorded in the ledger, by result.",
+    x.family("evolve_cycles_total", "counter", "Cycles recorded in the ledger, by result (idle polls apart).",
              [("evolve_cycles_total", {"result": r}, n) for r, n in sorted(results.items())])
+    x.family("evolve_idle_polls_total", "counter", "Fires' passes that found no work (not counted as cycles).",
+             [("evolve_idle_polls_total", {}, counts.idle_polls)])
+    x.gauge("evolve_last_idle_poll_timestamp_seconds", "When the newest idle poll was recorded (0 = never).",
+            counts.last_idle_poll_ts or 0)
     cumulative = [(_num(le), n) for le, n in zip(DURATION_BUCKETS, counts.buckets, strict=True)]
     x.family(
         "evolve_cycle_duration_seconds", "histogram", "Agent run time of the cycles that ran an agent.",
@@ -270,10 +286,12 @@ def render(paths: Paths, cfg: Any, env: Mapping[str, str], *, beads: bool = True
             counts.last_success_ts or 0)
     markers = snap.markers
     x.family(
-        "evolve_halted", "gauge", "1 when this marker halts the next fire (KILL/STOP fresh, DORMANT present).",
+        "evolve_halted", "gauge", "1 when this operator marker halts the next fire (KILL/STOP, fresh).",
         [("evolve_halted", {"marker": label}, int(any(n in markers and not markers[n].stale for n in names)))
          for label, names in HALT_MARKERS],
     )
+    x.gauge("evolve_dormant", "1 while DORMANT is present: caught up, nothing to do (not a halt).",
+            int("DORMANT" in markers))
     x.gauge("evolve_handoff_pending", "1 while a HANDOFF marker waits for the next fire.", int("HANDOFF" in markers))
     x.gauge("evolve_context_streak", "Consecutive context-heavy cycles in the current agent session.",
             snap.context_streak)
@@ -282,7 +300,8 @@ def render(paths: Paths, cfg: Any, env: Mapping[str, str], *, beads: bool = True
     x.gauge("evolve_breaker_open", "1 while the failure breaker is open.", int(snap.breaker.state == "open"))
     x.gauge("evolve_consecutive_failures", "Failed cycles in a row (the breaker opens at its limit).",
             snap.consecutive_failures)
-    x.gauge("evolve_status_health", "evolve status exit code: 0 healthy, 1 degraded, 75 halted.", snap.exit_code)
+    x.gauge("evolve_status_health", "evolve status: 0 healthy, 1 degraded, 2 dormant (caught up), 75 halted.",
+            HEALTH_VALUE.get(snap.health, snap.exit_code))
     x.gauge("evolve_metronome_blocked",
             "1 while the metronome blocks every fire (the same work repeated) until .agents/evolve/RESCOPE is written.",
             int(snap.metronome_blocked is not None))
@@ -291,6 +310,35 @@ def render(paths: Paths, cfg: Any, env: Mapping[str, str], *, beads: bool = True
     x.family("evolve_items_ready", "gauge", "Selectable work items by source (a source that failed is absent).",
              [("evolve_items_ready", {"source": s}, n) for s, n in sorted(ready.items())])
     return x.text()
+
+
+def textfile_name(repo: Path) -> str:
+    """``evolve-<dir name>-<8 hex of the path>.prom``: readable, and distinct for two repos of one name."""
+    import hashlib
+    import re
+
+    slug = re.sub(r"[^A-Za-z0-9_-]", "_", repo.name)[:40] or "repo"
+    return f"evolve-{slug}-{hashlib.sha256(os.fsencode(repo)).hexdigest()[:8]}.prom"
+
+
+def _drop_legacy(directory: Path, repo: Path) -> None:
+    """Remove the old shared ``evolve.prom`` once this repository writes its own file, when it is ours.
+
+    Left in place it would keep exporting frozen values next to the live ones.
+    """
+    legacy = directory / TEXTFILE_NAME
+    try:
+        if f'repo="{_escape(str(repo))}"'.encode() in legacy.read_bytes()[:4096]:
+            legacy.unlink()
+    except OSError:
+        pass
+
+
+def write_repo_textfile(directory: Path, repo: Path, text: str) -> Path:
+    """This repository's textfile in ``directory`` (:func:`textfile_name`)."""
+    path = write_textfile(directory, text, textfile_name(repo))
+    _drop_legacy(directory, repo)
+    return path
 
 
 def write_textfile(directory: Path, text: str, name: str = TEXTFILE_NAME) -> Path:
@@ -310,11 +358,11 @@ def textfile_dir(paths: Paths, configured: str) -> Path:
 
 def update(paths: Paths, env: Mapping[str, str], directory: Path | None = None, *, cfg: Any = None,
            beads: bool = True) -> Path | None:
-    """Recompute and rewrite ``evolve.prom`` (into ``directory`` or ``[metrics] textfile_dir``)."""
+    """Recompute and rewrite this repository's textfile (into ``directory`` or ``[metrics] textfile_dir``)."""
     if cfg is None:
         cfg, _ = load_config(paths, env)
     if directory is None:
         if not cfg.metrics.textfile_dir:
             return None
         directory = textfile_dir(paths, cfg.metrics.textfile_dir)
-    return write_textfile(directory, render(paths, cfg, env, beads=beads))
+    return write_repo_textfile(directory, paths.repo, render(paths, cfg, env, beads=beads))

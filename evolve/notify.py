@@ -4,11 +4,14 @@
 the list to :class:`evolve.cycle.fire.Fire`. Every observer is best effort: it logs what went wrong
 and never changes a fire's outcome or exit code.
 
-- **notify**: ``[notify] command`` (an argv, never a shell) runs on ``halt``, ``breaker.open``,
-  ``handoff.written``, ``regression``, ``metronome.blocked`` (a stall starts: RESCOPE needed) and
-  ``preflight.failed`` (the runner is misconfigured: the fire exits 78) with the event as one JSON
-  object on stdin, in its own process group (tagged with the fire's id), killed after ``[notify] timeout_s``.
-- **metrics**: with ``[metrics] textfile_dir`` set, ``evolve.prom`` is rewritten after every fire.
+- **notify**: ``[notify] command`` (an argv, never a shell) runs on ``halt``, ``halt.end``,
+  ``breaker.open``, ``handoff.written``, ``regression``, ``metronome.blocked`` (a stall starts: RESCOPE
+  needed) and ``preflight.failed`` (the runner is misconfigured: the fire exits 78) with the event as
+  one JSON object on stdin,
+  in its own process group (tagged with the fire's id), killed after ``[notify] timeout_s``. Halts
+  are notified on their edges (:func:`halt_edge`): when one starts or changes reason, and
+  ``halt.end`` when a fire gets past Step 1 again; not at every fire that finds the same halt.
+- **metrics**: with ``[metrics] textfile_dir`` set, the repository's textfile is rewritten after every fire.
 - **journal**: one line per fire in ``.agents/evolve/fires.jsonl`` (when it ended, why, how many
   cycles, the halt and its detail), so the report can show fires that ran no cycle.
 """
@@ -29,12 +32,13 @@ from evolve.childenv import BASE, FIRE
 from evolve.childenv import child_env as allowed_env
 from evolve.paths import Paths
 from evolve.procgroup import FIRE_TAG, Limits, run_group
+from evolve.store.atomic import read_json, write_json
 from evolve.store.dirfd import open_file
 from evolve.timeutil import utc_iso
 
 Observer = Callable[[str, dict[str, Any]], None]
 NOTIFY_EVENTS = frozenset(
-    {"halt", "breaker.open", "handoff.written", "regression", "metronome.blocked", "preflight.failed"}
+    {"halt", "halt.end", "breaker.open", "handoff.written", "regression", "metronome.blocked", "preflight.failed"}
 )
 MAX_STDIN = 64 * 1024
 GRACE_S = 1.0  # TERM → KILL after a timeout: a notifier is a webhook call, nothing to shut down cleanly
@@ -102,6 +106,23 @@ def run_notify(
     return NotifyResult(True, 0)
 
 
+def halt_edge(announced: str | None, event: str, payload: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """``(event to send or None, halt now announced)``: a halt is news when it starts, changes or ends.
+
+    ``announced`` is the halt reason last notified (None: none is standing). A ``halt`` with that same
+    reason is the same standing halt, seen again by the next tick: nothing to send. A fire that ends
+    without a halt got past Step 1, so a standing halt is over: ``halt.end``. Other events pass through.
+    """
+    if event == "halt":
+        reason = str(payload.get("reason") or "")
+        return (None, announced) if reason == announced else ("halt", reason)
+    if event == "fire.end":
+        if str(payload.get("reason", "")).startswith("halt:") or announced is None:
+            return None, announced
+        return "halt.end", None
+    return (event if event in NOTIFY_EVENTS else None), announced
+
+
 class NotifyObserver:
     def __init__(self, argv: Sequence[str], timeout_s: float, paths: Paths,
                  env: Mapping[str, str] | None = None, pass_env: Sequence[str] = ()) -> None:
@@ -111,9 +132,30 @@ class NotifyObserver:
         self.paths = paths
         self.env = env
 
+    def _announced(self) -> str | None:
+        rec = read_json(self.paths.notify_state)
+        halt = rec.get("halt") if isinstance(rec, dict) else None
+        return halt if isinstance(halt, str) else None
+
+    def _announce(self, halt: str | None) -> None:
+        try:
+            write_json(self.paths.notify_state, {"halt": halt, "since": utc_iso()})
+        except OSError as exc:  # best effort: at worst the same halt is notified again
+            _say("warning", "notify.state_failed", error=str(exc)[:200])
+
     def __call__(self, event: str, payload: dict[str, Any]) -> None:
-        if event not in NOTIFY_EVENTS:
+        if event not in NOTIFY_EVENTS and event != "fire.end":
             return
+        announced = self._announced() if event in ("halt", "fire.end") else None
+        send, now = halt_edge(announced, event, payload)
+        if send is None:
+            if event == "halt":
+                _say("info", "notify.suppressed", notify_event=event, reason=payload.get("reason"),
+                     detail="the same halt was notified when it started")
+            return
+        if send == "halt.end":
+            payload = {**payload, "event": "halt.end", "ended_halt": announced}
+        event = send
         body = {"timestamp": utc_iso(), **payload}
         try:
             r = run_notify(self.argv, body, timeout_s=self.timeout_s, cwd=self.paths.repo, env=self.env,
@@ -122,13 +164,15 @@ class NotifyObserver:
             r = NotifyResult(False, error=f"{type(exc).__name__}: {exc}"[:300])
         if r.ok:
             _say("info", "notify.sent", notify_event=event)
+            if now != announced:  # recorded once delivered: an undelivered edge is tried again next time
+                self._announce(now)
         else:
             _say("warning", "notify.failed", notify_event=event, exit_code=r.exit_code, timed_out=r.timed_out,
                  error=r.error)
 
 
 class MetricsObserver:
-    """Rewrites ``evolve.prom`` at the end of every fire."""
+    """Rewrites the repository's textfile (``evolve-<repo>-<hash>.prom``) at the end of every fire."""
 
     def __init__(self, paths: Paths, cfg: Any, env: Mapping[str, str] | None = None) -> None:
         self.paths = paths

@@ -127,6 +127,11 @@ class Paths:
         return self.handoffs_dir / "pending.json"
 
     @property
+    def notify_state(self) -> Path:
+        """The halt the notifier last announced, so a halt is notified when it starts and ends only."""
+        return self._e("notify-state.json")
+
+    @property
     def metrics_cache(self) -> Path:
         """The metrics' per-result counts up to a ledger offset, so a scrape reads only new lines."""
         return self._e("metrics-cache.json")

@@ -45,3 +45,12 @@ COMMIT_FAILED = "commit_failed"
 # not replay onto it, or are red there. Kept under ``refs/evolve/unlanded/<cycle>``; the item is released
 # and not charged an attempt (it did nothing wrong), and it is retried on the new base.
 LAND_FAILED = "land_conflict"
+
+
+def is_idle_poll(entry: dict[str, object]) -> bool:
+    """A pass that found no work (``evolve.cycle.side.idle``): the loop polling, not a cycle of work.
+
+    Counted apart from cycles by the metrics, ``status`` ("today") and the report, and hidden by
+    ``evolve history`` unless ``--all``.
+    """
+    return entry.get("target") == "idle" and entry.get("mode") == "idle"

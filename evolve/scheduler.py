@@ -320,6 +320,12 @@ class Daemon:
             self.publish(job)
         self._ready_sent = True
         self.log.info("daemon.ready", notify=self.notifier.enabled)
+        for job in self.jobs:
+            # An operator who just started the daemon wants to know when something will happen.
+            nxt = self._sched.get_job(job.name) if self._sched is not None else None
+            when = getattr(nxt, "next_run_time", None)
+            self.log.info("daemon.first_fire", job=job.name, repo=str(job.paths.repo), next_fire_at=_iso(when),
+                          in_s=None if when is None else max(0, round(when.timestamp() - time.time())))
 
     def tick(self) -> None:
         """Re-plan after a wall-clock step; WATCHDOG and STATUS, the WATCHDOG only while every running fire

@@ -206,7 +206,8 @@ class CliResult:
 
     def events(self) -> list[dict[str, Any]]:
         out = []
-        for line in self.stdout.splitlines():
+        # Logs go to stderr (stdout carries only a command's answer); both are read, answer lines skip.
+        for line in (self.stderr + "\n" + self.stdout).splitlines():
             try:
                 obj = orjson.loads(line)
             except orjson.JSONDecodeError:
@@ -214,6 +215,10 @@ class CliResult:
             if isinstance(obj, dict) and "event" in obj:
                 out.append(obj)
         return out
+
+    def error_lines(self) -> list[str]:
+        """What stderr says besides the JSON log lines (evolve's own one-line error, a traceback)."""
+        return [ln for ln in self.stderr.strip().splitlines() if not ln.startswith("{")]
 
     def names(self) -> list[str]:
         return [e["event"] for e in self.events()]

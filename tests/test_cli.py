@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import orjson
 from support import Env, entry, heavy_step
@@ -109,6 +111,26 @@ def test_demo_runs_end_to_end(tmp_path) -> None:
     assert "improved" in results[4:]
 
 
+def test_demo_keeps_the_directory_it_points_at(tmp_path) -> None:
+    """Issue 16: without --dir the demo deleted the temp directory whose files it had just listed."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    r = subprocess.run([sys.executable, "-m", "evolve", "demo"], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "TMPDIR": str(tmp)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    shown = [ln.split()[0] for ln in lines[lines.index("Look at:") + 1:] if ln.startswith("  /")]
+    assert len(shown) >= 4 and all(Path(x).exists() for x in shown), shown
+    (root,) = list(tmp.iterdir())
+    assert f"remove it with `rm -rf {root}`" in r.stdout
+    assert (root / "fire-logs.jsonl").read_bytes().count(b'"event":"fire.start"') == 2
+    # --rm deletes it, and then names no file inside it.
+    gone = subprocess.run([sys.executable, "-m", "evolve", "demo", "--rm"], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "TMPDIR": str(tmp)})
+    assert gone.returncode == 0 and "Look at:" not in gone.stdout and "as --rm asked" in gone.stdout
+    assert list(tmp.iterdir()) == [root]
+
+
 def test_logs_are_console_text_on_a_tty_and_json_otherwise(env: Env, cli) -> None:
     import os
     import pty
@@ -133,7 +155,7 @@ def test_logs_are_console_text_on_a_tty_and_json_otherwise(env: Env, cli) -> Non
     assert "fire.start" in text and "cycle.end" in text
     assert not any(line.lstrip().startswith("{") for line in text.splitlines() if line.strip())
     piped = cli("fire", "--cycles", "1")
-    assert piped.events() and all(line.startswith("{") for line in piped.stdout.splitlines())
+    assert piped.events() and all(line.startswith("{") for line in piped.stderr.splitlines())
     ends = [e for e in piped.events() if e["event"] == "cycle.end"]
     assert ends[0]["fire_id"] and ends[0]["cycle"] == 2
 

@@ -31,7 +31,7 @@ def test_twenty_fires_at_once_one_runs_the_rest_exit_75(env: Env) -> None:
         out, err = p.communicate(timeout=120)
         codes.append(p.returncode)
         if p.returncode == 75:
-            events = [orjson.loads(x) for x in out.splitlines() if x.startswith(b"{")]
+            events = [orjson.loads(x) for x in err.splitlines() if x.startswith(b"{")]  # logs: stderr
             assert [e["event"] for e in events] == ["fire.skipped"], (out, err)
             skipped_within.append(time.monotonic() - started)
     assert sorted(codes) == [0] + [75] * 19, codes
@@ -189,7 +189,7 @@ def test_unexpected_error_mid_cycle_is_reconciled_as_a_crash(env: Env, cli) -> N
                 "report": {"result": "improved"}}, improved_step()])
     r = cli("fire")
     assert r.code == 1
-    assert len(r.stderr.strip().splitlines()) == 1 and "unexpected error" in r.stderr
+    assert len(r.error_lines()) == 1 and "unexpected error" in r.stderr
     assert "fire.error" in r.names()
     assert env.state()["fire"]["cycle"] == 1  # left for the next fire to reconcile
     (env.repo / ".git" / "HEAD").write_bytes(head)

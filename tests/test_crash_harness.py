@@ -86,7 +86,7 @@ def _recover(env: Env, stats: Counter[str]) -> None:
     recovery = subprocess.run([sys.executable, "-m", "evolve", "--repo", str(env.repo), "fire", "--cycles", "1"],
                               capture_output=True, env=env.env(), timeout=120)
     assert recovery.returncode in (0, 75), recovery.stderr
-    for line in recovery.stdout.splitlines():
+    for line in recovery.stderr.splitlines():  # the logs
         if line.startswith(b"{"):
             event = orjson.loads(line)
             name = event.get("event")

@@ -42,7 +42,7 @@ class Daemon:
 
     def events(self) -> Events:
         out = []
-        for line in self.out.read_bytes().splitlines():
+        for line in (self.err.read_bytes() + b"\n" + self.out.read_bytes()).splitlines():
             try:
                 obj = orjson.loads(line)
             except orjson.JSONDecodeError:
@@ -114,7 +114,7 @@ def test_daemon_fires_repeatedly_and_never_overlaps_a_concurrent_fire(env: Env) 
     events = d.events()
 
     daemon_fires = fire_intervals(events)
-    cli_fires = [iv for r in cli_runs for iv in fire_intervals(cli_events(r.stdout))]
+    cli_fires = [iv for r in cli_runs for iv in fire_intervals(cli_events(r.stderr))]
     assert len(daemon_fires) >= 2, "the daemon fired repeatedly"
     assert cli_fires, "a concurrent `evolve fire` got the lock between the daemon's fires"
     # One kernel lock for both triggers: no two fires ever held it at the same time.

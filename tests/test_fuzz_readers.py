@@ -808,14 +808,14 @@ def test_hostile_titles_never_reach_a_shell_and_round_trip(env: Env, cli) -> Non
     for msg in git(env.repo, "log", "--format=%B%x1e").split("\x1e"):
         assert not controls_in(msg.strip().replace("\n", " ")), repr(msg)
     # Log lines (JSON, not a terminal here) are one JSON object each, with no raw C0 control.
-    for line in r.stdout.splitlines():
+    for line in r.stderr.splitlines():
         assert isinstance(orjson.loads(line), dict)
         assert not re.search(r"[\x00-\x1f]", line)
     # --dry-run shows the next item's agent plan as JSON, runs nothing.
     hostile_env(env, {"again": titles["shell"] + " 2"}, kind="bug")  # (five "task" cycles in a row: metronome)
     d = cli("fire", "--dry-run")
     assert d.code == 0, d.stderr
-    plan = orjson.loads(d.stdout[d.stdout.index("{\n"):])  # after the JSON log lines
+    plan = orjson.loads(d.stdout)  # the one document on stdout (logs: stderr)
     assert plan["selection"] is not None, plan["why"]
     assert plan["selection"]["ref"] == f"source_epic=e-again:item={titles['shell']} 2"
     assert not canary.exists()

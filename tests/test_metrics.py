@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 from ops_fixture import write_every_kind
-from support import Env, entry, heavy_step, improved_step
+from support import Env, entry, git, heavy_step, improved_step
 
 from evolve import metrics
 from evolve.status import load_config
@@ -59,10 +59,14 @@ def test_metrics_parse_and_match_the_ledger(env: Env, cli) -> None:
         assert all(s.timestamp is None for s in f.samples)  # no timestamps inside the file
 
     by_result: dict[str, int] = {}
+    idle = [e for e in entries if e["target"] == "idle" and e["mode"] == "idle"]
     for e in entries:
-        by_result[e["result"]] = by_result.get(e["result"], 0) + 1
+        if e not in idle:  # an idle poll is not a cycle (issue 16): counted apart
+            by_result[e["result"]] = by_result.get(e["result"], 0) + 1
     for result, n in by_result.items():
         assert sample(p, "evolve_cycles_total", result=result) == n
+    assert idle and sample(p, "evolve_idle_polls_total") == len(idle)
+    assert sample(p, "evolve_last_idle_poll_timestamp_seconds") == parse_iso(idle[-1]["timestamp"])
     durations = [e["duration_s"] for e in entries if "duration_s" in e]
     assert sample(p, "evolve_cycle_duration_seconds_count") == len(durations)
     assert sample(p, "evolve_cycle_duration_seconds_sum") == pytest.approx(sum(durations))
@@ -72,7 +76,8 @@ def test_metrics_parse_and_match_the_ledger(env: Env, cli) -> None:
     assert sample(p, "evolve_last_cycle_timestamp_seconds") == parse_iso(entries[-1]["timestamp"])
     assert sample(p, "evolve_last_success_timestamp_seconds") == parse_iso(entries[-1]["timestamp"])
     assert sample(p, "evolve_halted", marker="STOP") == 1
-    assert sample(p, "evolve_halted", marker="KILL") == 0 and sample(p, "evolve_halted", marker="DORMANT") == 0
+    assert sample(p, "evolve_halted", marker="KILL") == 0 and sample(p, "evolve_dormant") == 0
+    assert ("evolve_halted", frozenset({("marker", "DORMANT")})) not in p["samples"]  # dormant is not a halt
     assert sample(p, "evolve_handoff_pending") == 1
     assert sample(p, "evolve_context_streak") == 1 and sample(p, "evolve_context_streak_limit") == 2
     assert sample(p, "evolve_breaker_open") == 0 and sample(p, "evolve_consecutive_failures") == 0
@@ -185,30 +190,57 @@ def test_every_fire_rewrites_the_textfile(env: Env, cli, tmp_path) -> None:
     env.steps([improved_step(), heavy_step()])
     r = cli("fire", "--cycles", "1")
     assert r.code == 0, r.stderr
-    p1 = parse((out / "evolve.prom").read_text())
+    prom = out / metrics.textfile_name(env.repo.resolve())
+    p1 = parse(prom.read_text())
     assert sample(p1, "evolve_cycles_total", result="improved") == 1
-    mtime = (out / "evolve.prom").stat().st_mtime_ns
+    mtime = prom.stat().st_mtime_ns
     r = cli("fire", "--cycles", "1")
     assert r.code == 0, r.stderr
-    p2 = parse((out / "evolve.prom").read_text())
+    p2 = parse(prom.read_text())
     assert sample(p2, "evolve_cycles_total", result="scout") == 1
     assert sample(p2, "evolve_context_streak") == 1
-    assert (out / "evolve.prom").stat().st_mtime_ns >= mtime
+    assert prom.stat().st_mtime_ns >= mtime
     # a halted fire rewrites it too
     env.paths.stop.write_text("stop\n")
     assert cli("fire").code == 0
-    assert sample(parse((out / "evolve.prom").read_text()), "evolve_halted", marker="STOP") == 1
-    assert "metrics.failed" not in r.stdout
+    assert sample(parse(prom.read_text()), "evolve_halted", marker="STOP") == 1
+    assert "metrics.failed" not in r.stdout + r.stderr
+
+
+def test_two_repos_sharing_a_textfile_dir_keep_their_own_files(env: Env, cli, tmp_path) -> None:
+    """Issue 16: the textfile was always ``evolve.prom``, so a second repository overwrote the first."""
+    out = tmp_path / "node-exporter"
+    out.mkdir()
+    other = tmp_path / "nested" / env.repo.name  # the same directory name: the path's hash tells them apart
+    other.mkdir(parents=True)
+    git(other, "init", "-q")
+    git(other, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-q", "--allow-empty", "-m", "i")
+    # What an older evolve left behind for this repository: removed once its own file is written.
+    (out / "evolve.prom").write_text(f'evolve_status_health{{repo="{env.repo.resolve()}"}} 0\n')
+    for repo in (env.repo, other):
+        r = cli("metrics", "--no-beads", "--textfile", str(out), repo=repo)
+        assert r.code == 0, r.stderr
+    names = sorted(q.name for q in out.iterdir())
+    want = sorted(metrics.textfile_name(r.resolve()) for r in (env.repo, other))
+    assert names == want and len(set(want)) == 2, names
+    for repo in (env.repo, other):
+        fams = parse((out / metrics.textfile_name(repo.resolve())).read_text())["families"]
+        assert {s.labels["repo"] for f in fams.values() for s in f.samples} == {str(repo.resolve())}
+    # Another repository's legacy file is not ours to delete.
+    (out / "evolve.prom").write_text('evolve_status_health{repo="/somewhere/else"} 0\n')
+    assert cli("metrics", "--no-beads", "--textfile", str(out)).code == 0
+    assert (out / "evolve.prom").exists()
 
 
 def test_relative_textfile_dir_is_under_the_repo_and_cli_writes_it(env: Env, cli, tmp_path) -> None:
     env.write_config(metrics={"textfile_dir": "prom"})
     env.queue(entry("a"))
     assert cli("fire", "--cycles", "1").code == 0
-    assert (env.repo / "prom" / "evolve.prom").exists()
+    name = metrics.textfile_name(env.repo.resolve())
+    assert (env.repo / "prom" / name).exists()
     r = cli("metrics", "--no-beads", "--textfile", str(tmp_path / "x"))
     assert r.code == 0 and "wrote" in r.stdout
-    parse((tmp_path / "x" / "evolve.prom").read_text())
+    parse((tmp_path / "x" / name).read_text())
 
 
 def test_unwritable_textfile_dir_never_breaks_a_fire(env: Env, cli) -> None:

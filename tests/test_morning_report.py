@@ -26,6 +26,8 @@ import pytest
 from ops_fixture import write_every_kind
 from support import Env
 
+from evolve.results import is_idle_poll
+
 CI_INSTALL = "apt-get update && apt-get install -y chromium"
 # Chromium's own background traffic (time sync, component updates, sign-in) is not the page's.
 BROWSER_HOSTS = re.compile(r"(^|\.)(google\.com|googleapis\.com|gstatic\.com|gvt1\.com|googleusercontent\.com)$")
@@ -199,8 +201,10 @@ def test_report_is_self_contained_and_complete(report: dict[str, Any]) -> None:
     static_checks(html)
     d = dom_of(html)
     cycles = d.find("rect", svg="timeline", cls="cycle")
-    assert [a["data-cycle"] for a, _ in cycles] == [str(e["cycle"]) for e in report["entries"]]
-    assert [a["data-result"] for a, _ in cycles] == [e["result"] for e in report["entries"]]
+    work = [e for e in report["entries"] if not is_idle_poll(e)]  # an idle poll is counted, not drawn
+    assert len(work) == len(report["entries"]) - 1 and '<b>1</b><span>idle polls</span>' in html
+    assert [a["data-cycle"] for a, _ in cycles] == [str(e["cycle"]) for e in work]
+    assert [a["data-result"] for a, _ in cycles] == [e["result"] for e in work]
     assert {a["fill"] for a, _ in cycles if a["data-result"] == "improved"} == {"#2e9e44"}
     assert {a["fill"] for a, _ in cycles if a["data-result"] == "regressed"} == {"#e03131"}
     assert len(d.find("rect", svg="timeline", cls="fire")) == 10
@@ -222,7 +226,7 @@ def test_report_renders_in_headless_chromium(report: dict[str, Any], proxy: Reco
 
     # The DOM Chromium built has the timeline and the three charts, drawn.
     d = dom_of(dump)
-    assert len(d.find("rect", svg="timeline", cls="cycle")) == 16
+    assert len(d.find("rect", svg="timeline", cls="cycle")) == 15  # 16 entries, one an idle poll
     assert len(d.find("rect", svg="timeline", cls="fire")) == 10
     assert len(d.find("path", svg="timeline", cls="handoff")) == 1
     assert len(d.find("rect", svg="timeline", cls="halt")) == 2

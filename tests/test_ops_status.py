@@ -120,13 +120,22 @@ def test_status_markers_sticky_ttl_and_halted_exit_75(env: Env, cli) -> None:
     assert any("STOP is older than its TTL" in w for w in info["warnings"])
     assert "STALE" in cli("status").stdout
 
-    # KILL, the global KILL and DORMANT halt too.
-    for marker, reason in ((p.kill, "kill"), (p.global_kill, "kill"), (p.dormant, "dormant")):
+    # KILL and the global KILL halt too.
+    for marker, reason in ((p.kill, "kill"), (p.global_kill, "kill")):
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text("because\n")
         code, info = status_json(cli)
-        assert (code, info["halt"]["reason"]) == (75, reason), marker
+        assert (code, info["health"], info["halt"]["reason"]) == (75, "halted", reason), marker
         marker.unlink()
+    # DORMANT is "caught up, nothing to do" (issue 16): its own state, exit 0, not an operator's halt.
+    p.dormant.write_text("cycle 3\nstagnation\n")
+    code, info = status_json(cli)
+    assert (code, info["health"], info["halt"]["reason"]) == (0, "dormant", "dormant")
+    assert "health     DORMANT (exit 0)" in cli("status").stdout
+    p.stop.write_text("lunch\n")  # an operator's STOP on top still halts
+    assert status_json(cli)[1]["health"] == "halted"
+    p.stop.unlink()
+    p.dormant.unlink()
 
 
 def test_status_goal_regression_is_halted_until_acknowledged(env: Env, cli) -> None:
@@ -290,8 +299,15 @@ def test_status_reads_only_the_ledger_tail(env: Env, monkeypatch) -> None:
 def test_history_json_is_a_byte_for_byte_passthrough_with_filters(env: Env, cli) -> None:
     entries = write_every_kind(env)
     raw_lines = env.paths.ledger.read_bytes().splitlines()
-    r = cli("history", "--limit", "100", "--json")
+    r = cli("history", "--limit", "100", "--json", "--all")
     assert r.code == 0 and r.stdout.encode().splitlines() == raw_lines
+    # Idle polls are hidden by default (issue 16): a night of "nothing to do" must not crowd out work.
+    idle = [e["cycle"] for e in entries if e["target"] == "idle" and e["mode"] == "idle"]
+    default = [orjson.loads(x)["cycle"] for x in cli("history", "--limit", "100", "--json").stdout.splitlines()]
+    assert idle and default == [e["cycle"] for e in entries if e["cycle"] not in idle]
+    text = cli("history", "--limit", "100").stdout
+    assert f"({len(idle)} idle poll(s) hidden; --all shows them)" in text
+    assert "idle poll" not in cli("history", "--limit", "100", "--all").stdout
     for line in r.stdout.splitlines():
         obj = orjson.loads(line)
         assert all(k in obj for k in ENTRY_KEYS), obj
@@ -318,7 +334,7 @@ def test_history_terminal_view_rows_and_sparklines(env: Env, cli) -> None:
     write_every_kind(env)
     with open(env.paths.ledger, "ab") as fh:
         fh.write(b"not json\n")
-    out = cli("history", "--limit", "100").stdout
+    out = cli("history", "--limit", "100", "--all").stdout  # every row, the idle poll too
     lines = out.splitlines()
     assert lines[0].strip() == "16 cycle(s), #1..#16"
     goals, cost, ctx = lines[1], lines[2], lines[3]

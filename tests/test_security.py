@@ -120,7 +120,7 @@ def test_symlinked_ledger_is_refused_not_followed(env: Env, cli, tmp_path: Path)
     env.queue(entry("a"))
     r = cli("fire", "--cycles", "1")
     assert r.code != 0
-    assert len(r.stderr.strip().splitlines()) == 1
+    assert len(r.error_lines()) == 1
     assert outside.read_text() == "do not touch\n"
 
 

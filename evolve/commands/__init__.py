@@ -26,11 +26,12 @@ class CommandInfo(NamedTuple):
 COMMANDS: dict[str, CommandInfo] = {
     "fire": CommandInfo("evolve.commands.fire", "one fire: lock, step 1, cycles (what cron/systemd run)"),
     "status": CommandInfo(
-        "evolve.commands.status", "what the loop is doing and why (exit 0 healthy, 1 degraded, 75 halted)"
+        "evolve.commands.status", "what the loop is doing and why (exit 0 healthy/dormant, 1 degraded, 75 halted)"
     ),
     "history": CommandInfo(
-        "evolve.commands.status", "ledger entries, newest last, with sparklines (or JSONL with --json)"
+        "evolve.commands.status", "ledger entries, newest last, with sparklines (--json: JSONL; --all: idle polls too)"
     ),
+    "logs": CommandInfo("evolve.commands.logs", "a cycle's run log: what the agent printed (default: the newest)"),
     "stop": CommandInfo("evolve.commands.markers", "write STOP (halt until `evolve resume`)"),
     "kill": CommandInfo("evolve.commands.markers", "write KILL"),
     "resume": CommandInfo("evolve.commands.markers", "remove STOP (and KILL with --kill)"),

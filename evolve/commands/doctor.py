@@ -37,9 +37,11 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.buffer.write(orjson.dumps(body, option=orjson.OPT_INDENT_2) + b"\n")
     else:
         from evolve.status import term_safe
+        from evolve.tty import colour_on, colourize
 
+        on = colour_on(sys.stdout, os.environ)
         for f in findings:
-            print(term_safe(r.text(f.line())))
+            print(colourize(term_safe(r.text(f.line())), on))
         fails = sum(f.level == "FAIL" for f in findings)
         warns = sum(f.level == "WARN" for f in findings)
         print(f"\n{fails} FAIL, {warns} WARN, {len(findings) - fails - warns} OK")

@@ -20,10 +20,12 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     import os
     import sys
+    import time
 
-    from evolve import config, log
+    from evolve import config, log, tty
     from evolve.cycle.fire import Fire, FireOptions
     from evolve.paths import Paths
+    from evolve.redact import current
 
     if args.cycles is not None and args.cycles < 1:
         raise UsageError("--cycles must be at least 1")
@@ -38,12 +40,17 @@ def run(args: argparse.Namespace) -> int:
         from evolve.notify import observers_for
 
         observers = observers_for(cfg, paths)
+    started = time.monotonic()
     outcome = Fire(paths, cfg, opts, observers=observers).run()
+    if not args.dry_run and sys.stdout.isatty():
+        # A person at a terminal gets one line at the end (the logs above are for machines and journald).
+        line = tty.fire_summary(outcome.entries, reason=outcome.reason, exit_code=outcome.exit_code,
+                                cost_usd=outcome.cost_usd, elapsed_s=time.monotonic() - started)
+        print(tty.colourize(current().text(line), tty.colour_on(sys.stdout, os.environ)), flush=True)
     if args.dry_run:
         import orjson
 
         from evolve import jsonsafe
-        from evolve.redact import current
 
         # The sink: the agent's argv, env and prompt, exactly as they would run, minus any secret.
         sys.stdout.buffer.write(jsonsafe.dumps(current().json(outcome.entries[0]), option=orjson.OPT_INDENT_2) + b"\n")

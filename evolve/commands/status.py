@@ -6,6 +6,7 @@ Nothing heavy at import time: ``evolve status`` must answer fast (tests/test_sta
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from evolve.commands._common import repo_of
@@ -20,9 +21,12 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
         p.add_argument("--result", action="append", default=[], metavar="RESULT",
                        help="only these results (repeat or comma-separate), e.g. failed,regressed")
         p.add_argument("--json", action="store_true", help="the matching ledger lines as they are (JSONL)")
+        p.add_argument("--all", action="store_true",
+                       help="include idle polls (passes that found no work; hidden by default)")
         return
-    p.description = ("What the loop is doing and why. Exit 0 healthy, 1 degraded (breaker open, last cycle "
-                     "failed, invalid config), 75 halted (KILL, STOP, DORMANT, goal regression).")
+    p.description = ("What the loop is doing and why. Exit 0 healthy or dormant (DORMANT: caught up, nothing to do), "
+                     "1 degraded (breaker open, last cycle failed, invalid config), 75 halted (KILL, STOP, goal "
+                     "regression).")
     p.add_argument("--json", action="store_true", help="one JSON object for machines")
 
 
@@ -44,7 +48,9 @@ def run_status(args: argparse.Namespace) -> int:
 
         sys.stdout.buffer.write(jsonsafe.dumps(current().json(info), option=orjson.OPT_INDENT_2) + b"\n")
     else:
-        sys.stdout.write(current().text(render_status(info)))
+        from evolve.tty import colour_on, colourize
+
+        sys.stdout.write(colourize(current().text(render_status(info)), colour_on(sys.stdout, os.environ)))
     sys.stdout.flush()
     return int(info["exit_code"])
 
@@ -69,7 +75,8 @@ def run_history(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from exc
     results = [r.strip() for arg in args.result for r in arg.split(",") if r.strip()]
     paths = Paths.for_repo(repo_of(args))
-    rows, malformed = history(Ledger(paths.ledger), limit=args.limit, since=since, results=results)
+    rows, malformed, hidden = history(Ledger(paths.ledger), limit=args.limit, since=since, results=results,
+                                      idle=args.all)
     from evolve.redact import current
 
     r = current()
@@ -79,6 +86,6 @@ def run_history(args: argparse.Namespace) -> int:
             clean = r.json(entry)
             sys.stdout.buffer.write((raw if clean == entry else orjson.dumps(clean)) + b"\n")
     else:
-        sys.stdout.write(r.text(render_history([e for _, e in rows], malformed)))
+        sys.stdout.write(r.text(render_history([e for _, e in rows], malformed, idle_hidden=hidden)))
     sys.stdout.flush()
     return exitcodes.OK

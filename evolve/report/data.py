@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from evolve.paths import Paths
+from evolve.results import is_idle_poll
 from evolve.status.snapshot import StatusSnapshot, load_config, read_snapshot
 from evolve.store.ledger import Ledger
 from evolve.timeutil import parse_iso
@@ -58,6 +59,7 @@ class ReportData:
     parked: list[dict[str, Any]] = field(default_factory=list)
     blocked: list[dict[str, Any]] = field(default_factory=list)
     heavy_pct: float = 40.0
+    idle_polls: int = 0  # passes that found no work: counted, not drawn or listed as cycles
 
     @property
     def done(self) -> list[Cycle]:
@@ -214,7 +216,11 @@ def build(paths: Paths, *, since: float, now: float | None = None, env: Mapping[
     snap = read_snapshot(paths, recent=5, env=env, now=now, probe_schedule=False, config=loaded)
     entries, skipped = _window_entries(Ledger(paths.ledger), since)
     cycles = []
+    idle = 0
     for e in entries:
+        if is_idle_poll(e):
+            idle += 1
+            continue
         end = parse_iso(e.get("timestamp")) or now
         dur = _num(e.get("duration_s")) or 0.0
         cycles.append(Cycle(entry=e, end=end, start=max(since, end - max(dur, 0.0))))
@@ -229,4 +235,5 @@ def build(paths: Paths, *, since: float, now: float | None = None, env: Mapping[
         parked=_parked(paths, cycles, list(snap.parked_work or [])),
         blocked=_blocked(paths, since),
         heavy_pct=float(loaded[0].context.heavy_pct),
+        idle_polls=idle,
     )

@@ -391,6 +391,7 @@ def render_html(d: ReportData) -> str:
         (len(d.fires), "fires"), (len(d.cycles), "cycles"), (counts.get("improved", 0), "improved"),
         (counts.get("regressed", 0) + counts.get("failed", 0) + counts.get("crashed", 0), "regressed / failed"),
         (len(d.handoffs), "hand-offs"), (len(d.halts), "halts"), (f"${d.cost():.2f}", "agent cost"),
+        (d.idle_polls, "idle polls"),
     ]
     last_goal = next((c for c in reversed(d.cycles) if _num(c.entry.get("goals_passing")) is not None), None)
     if last_goal is not None:

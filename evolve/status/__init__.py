@@ -20,6 +20,7 @@ from evolve.status.schedule import (
 )
 from evolve.status.snapshot import (
     DEGRADED,
+    DORMANT,
     HALTED,
     HEALTHY,
     TODAY_SCAN_CAP,
@@ -33,6 +34,7 @@ from evolve.status.views import SPARKS, render_history, render_status, sparkline
 
 __all__ = [
     "DEGRADED",
+    "DORMANT",
     "HALTED",
     "HEALTHY",
     "SPARKS",

@@ -7,6 +7,7 @@ from typing import Any
 
 import orjson
 
+from evolve.results import is_idle_poll
 from evolve.store.ledger import Ledger
 from evolve.timeutil import parse_iso
 
@@ -28,15 +29,17 @@ def parse_since(text: str, now: float) -> float:
 
 
 def history(
-    ledger: Ledger, *, limit: int, since: float | None = None, results: Sequence[str] = ()
-) -> tuple[list[tuple[bytes, dict[str, Any]]], int]:
-    """Matching entries oldest first, each with its raw ledger line; and the malformed lines skipped.
+    ledger: Ledger, *, limit: int, since: float | None = None, results: Sequence[str] = (), idle: bool = False
+) -> tuple[list[tuple[bytes, dict[str, Any]]], int, int]:
+    """Matching entries oldest first, each with its raw ledger line; the malformed lines skipped; and
+    the idle polls passed over (shown only with ``idle``: a night of "nothing to do" must not push
+    the cycles that did something out of the last ``limit``).
 
     Reads backwards and stops after ``limit`` matches or at the first entry older than ``since``.
     """
     wanted = set(results)
     out: list[tuple[bytes, dict[str, Any]]] = []
-    malformed = 0
+    malformed = hidden = 0
     for raw in ledger.raw_lines_backwards():
         try:
             obj = orjson.loads(raw)
@@ -52,8 +55,11 @@ def history(
                 break
         if wanted and (not isinstance(obj.get("result"), str) or obj["result"] not in wanted):
             continue
+        if not idle and is_idle_poll(obj):
+            hidden += 1
+            continue
         out.append((raw, obj))
         if len(out) >= limit:
             break
     out.reverse()
-    return out, malformed
+    return out, malformed, hidden

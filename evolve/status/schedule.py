@@ -1,4 +1,4 @@
-"""When the next fire is due: the daemon's published record and the systemd timers.
+"""When the next fire is due: the daemon's published record, the systemd timers, or this repo's crontab line.
 
 The one writer here is :func:`publish_daemon` (``evolve daemon`` records its pid and next fire time in
 ``daemon.json``); everything else reads. ``subprocess`` and ``shutil`` are imported only when
@@ -8,7 +8,7 @@ systemd is actually running, so ``evolve status`` does not pay for them elsewher
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,17 +21,20 @@ from evolve.timeutil import parse_iso, utc_iso
 class NextFire:
     """Who fires next and when; ``at`` is None when a daemon runs but published no time."""
 
-    source: str  # "daemon" | "systemd"
+    source: str  # "daemon" | "systemd" | "cron"
     at: Any  # an ISO time; for a daemon, whatever it published (None when it published none)
     in_s: int | None
     pid: Any = None  # daemon only: its pid, as published
     schedule: Any = None  # daemon only
     unit: str | None = None  # systemd only
     scope: str | None = None  # systemd only: "system" | "user"
+    line: str | None = None  # cron only: the crontab line
 
     def as_json(self) -> dict[str, Any]:
         if self.source == "daemon":
             return {"source": "daemon", "pid": self.pid, "schedule": self.schedule, "at": self.at, "in_s": self.in_s}
+        if self.source == "cron":
+            return {"source": "cron", "line": self.line, "at": self.at, "in_s": self.in_s}
         return {"source": self.source, "unit": self.unit, "scope": self.scope, "at": self.at, "in_s": self.in_s}
 
 
@@ -139,8 +142,62 @@ def systemd_timers() -> list[dict[str, Any]]:
     return found
 
 
-def next_fire(paths: Paths, now: float) -> NextFire | None:
-    """When the next fire is due, if a daemon or a systemd timer says so; None when unknown."""
+# -- cron --------------------------------------------------------------------------------------
+
+
+def crontab_lines(env: Mapping[str, str]) -> list[str]:
+    """The user's crontab (``crontab -l``), comments and blank lines dropped; [] when there is none."""
+    import shutil
+    import subprocess
+
+    tool = shutil.which("crontab", path=env.get("PATH") or os.defpath)
+    if tool is None:
+        return []
+    try:
+        p = subprocess.run([tool, "-l"], capture_output=True, text=True, timeout=5, env=dict(env), check=False,
+                           stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if p.returncode != 0:
+        return []
+    return [ln for ln in p.stdout.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+
+
+def cron_line_for(lines: Sequence[str], repo: str) -> str | None:
+    """This repository's crontab line: the first that runs evolve and names the repository (doctor's rule)."""
+    return next((ln for ln in lines if "evolve" in ln and repo in ln and "=" not in ln.split()[0]), None)
+
+
+def cron_next(lines: Sequence[str], repo: str, now: float) -> tuple[str, float] | None:
+    """``(line, epoch)`` of the next run of this repository's crontab line; None when none parses.
+
+    Cron runs in the system's local time unless a ``CRON_TZ=`` line above says otherwise.
+    """
+    import datetime as dt
+
+    from evolve import cronexpr
+
+    line = cron_line_for(lines, repo)
+    if line is None:
+        return None
+    words = line.split()
+    expr = words[0] if words[0].startswith("@") else " ".join(words[:5])
+    tz: Any = None
+    for ln in lines[: list(lines).index(line)]:
+        if ln.strip().startswith("CRON_TZ="):
+            tz = ln.strip().split("=", 1)[1].strip().strip("'\"")
+    try:
+        from zoneinfo import ZoneInfo
+
+        zone = ZoneInfo(tz) if tz else dt.datetime.fromtimestamp(now).astimezone().tzinfo
+        nxt = cronexpr.next_times(cronexpr.parse(expr), dt.datetime.fromtimestamp(now, zone), 1)
+    except (ValueError, KeyError, OSError):
+        return None
+    return (line, nxt[0].timestamp()) if nxt else None
+
+
+def next_fire(paths: Paths, now: float, env: Mapping[str, str] | None = None) -> NextFire | None:
+    """When the next fire is due, if a daemon, a systemd timer or a crontab line says so; None when unknown."""
     d = daemon_info(paths)
     if d is not None:
         at = parse_iso(d.get("next_fire_at"))
@@ -161,4 +218,7 @@ def next_fire(paths: Paths, now: float) -> NextFire | None:
             at=utc_iso(t["at_epoch"]),
             in_s=round(t["at_epoch"] - now),
         )
+    cron = cron_next(crontab_lines(os.environ if env is None else env), str(paths.repo), now)
+    if cron is not None:
+        return NextFire(source="cron", line=cron[0][:300], at=utc_iso(cron[1]), in_s=round(cron[1] - now))
     return None

@@ -6,12 +6,15 @@ read :class:`StatusSnapshot`. Reading imports no structlog or APScheduler and on
 
 Health, and the exit code of ``evolve status``:
 
-- **halted** (75): a fresh KILL or STOP, DORMANT present, or an unacknowledged goal regression —
-  the next fire would stop in Step 1 (decided by :func:`evolve.cycle.halt.evaluate`);
+- **halted** (75): a fresh KILL or STOP, or an unacknowledged goal regression — the next fire would
+  stop in Step 1 (decided by :func:`evolve.cycle.halt.evaluate`) until an operator acts;
 - **degraded** (1): the failure breaker is open (`evolve breaker reset` closes it), the last cycle
   failed or crashed (a failed commit adds "commit failed: <why>; <remedy>"), a fire died without
   being reconciled yet, the config is invalid or the runner preflight fails (the next fire would
-  exit 78), or the metronome blocks every fire until RESCOPE is written;
+  exit 78), the metronome blocks every fire until RESCOPE is written, or work is set aside under
+  ``refs/evolve/{stranded,unlanded}/`` (docs/DESIGN.md §8.3);
+- **dormant** (0): DORMANT is present and nothing above holds: caught up, nothing to do; the next
+  fire clears it by itself as soon as any work appears (no operator needed, so not a halt);
 - **healthy** (0): anything else.
 """
 
@@ -28,7 +31,7 @@ from typing import Any
 from evolve.cycle import halt as step1
 from evolve.harness import autocompact
 from evolve.paths import Paths
-from evolve.results import COMMIT_FAILED, FAILURES
+from evolve.results import COMMIT_FAILED, FAILURES, is_idle_poll
 from evolve.status import setaside
 from evolve.status.schedule import NextFire, next_fire
 from evolve.store.atomic import read_json
@@ -37,8 +40,8 @@ from evolve.store.markers import Marker, read_marker
 from evolve.store.session_state import SessionState, load_readonly
 from evolve.timeutil import human_s, parse_iso, utc_iso
 
-HEALTHY, DEGRADED, HALTED = "healthy", "degraded", "halted"
-EXIT_FOR = {HEALTHY: 0, DEGRADED: 1, HALTED: 75}
+HEALTHY, DEGRADED, HALTED, DORMANT = "healthy", "degraded", "halted", "dormant"
+EXIT_FOR = {HEALTHY: 0, DEGRADED: 1, HALTED: 75, DORMANT: 0}
 
 TODAY_SCAN_CAP = 20_000  # entries: "cost today" never reads more than this
 SESSION_SCAN_CAP = 2_000  # entries searched for the agent session's first cycle
@@ -139,7 +142,7 @@ class Session:
 @dataclass(frozen=True)
 class StatusSnapshot:
     repo: str
-    health: str  # HEALTHY | DEGRADED | HALTED
+    health: str  # HEALTHY | DEGRADED | HALTED | DORMANT
     exit_code: int
     reasons: tuple[str, ...]
     halt: Halt | None
@@ -161,7 +164,8 @@ class StatusSnapshot:
     agent_session: Session | None
     markers: dict[str, MarkerInfo]  # present markers only, in MARKERS order
     next_fire: NextFire | None
-    cycles_today: int
+    cycles_today: int  # cycles of work: idle polls are counted apart
+    idle_polls_today: int
     cost_today_usd: float
     cost_today_partial: bool
     autocompact: dict[str, Any]
@@ -279,7 +283,7 @@ def _scan_back(ledger: Ledger, now: float, session: dict[str, Any] | None) -> di
     """One bounded backward pass: today's cycles and cost, the last agent mode, the session's start."""
     midnight = now - now % 86400
     cost = 0.0
-    cycles = 0
+    cycles = idle = 0
     partial = False
     last_mode = None
     started_cycle = (session or {}).get("started_cycle")
@@ -292,6 +296,8 @@ def _scan_back(ledger: Ledger, now: float, session: dict[str, Any] | None) -> di
                 today_done = True
             elif n >= TODAY_SCAN_CAP:
                 today_done = partial = True
+            elif ts is not None and is_idle_poll(e):
+                idle += 1
             elif ts is not None:
                 cycles += 1
                 cost += _num(e.get("cost_usd")) or 0.0
@@ -308,6 +314,7 @@ def _scan_back(ledger: Ledger, now: float, session: dict[str, Any] | None) -> di
             break
     return {
         "cycles_today": cycles,
+        "idle_polls_today": idle,
         "cost_today_usd": round(cost, 6),
         "cost_today_partial": partial,
         "last_agent_mode": last_mode,
@@ -485,6 +492,13 @@ def _last_red(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
             keys = ("cycle", "timestamp", "work_ref", "target", "result", "gate_detail", "gate_output", "run_log")
             return {k: e.get(k) for k in keys}
     return None
+def state_of(halt: Halt | None, degraded: list[str]) -> str:
+    """An operator's halt wins, then anything degraded; DORMANT alone is its own, untroubled state."""
+    if halt is not None and halt.reason != step1.DORMANT:
+        return HALTED
+    if degraded:
+        return DEGRADED
+    return DORMANT if halt is not None else HEALTHY
 
 
 # -- reading it all --------------------------------------------------------------------------
@@ -532,7 +546,7 @@ def read_snapshot(
                         f" before working; {stall['remedy']}")
     if config_error is None:
         degraded += _preflight(cfg, env)
-    health = HALTED if halt else DEGRADED if degraded else HEALTHY
+    health = state_of(halt, degraded)
     return StatusSnapshot(
         repo=str(paths.repo),
         health=health,
@@ -556,8 +570,9 @@ def read_snapshot(
         breaker=breaker,
         agent_session=_session(session, scan, now),
         markers=markers,
-        next_fire=next_fire(paths, now) if probe_schedule else None,
+        next_fire=next_fire(paths, now, env) if probe_schedule else None,
         cycles_today=scan["cycles_today"],
+        idle_polls_today=scan["idle_polls_today"],
         cost_today_usd=scan["cost_today_usd"],
         cost_today_partial=scan["cost_today_partial"],
         autocompact=autocompact_info(paths.repo, env),

@@ -89,11 +89,12 @@ def _running_line(info: Mapping[str, Any]) -> str:
 
 def _next_fire_line(nf: Mapping[str, Any] | None) -> str:
     if nf and nf.get("at"):
-        who = f"daemon pid {nf.get('pid')}" if nf["source"] == "daemon" else f"systemd {nf.get('unit')}"
+        who = (f"daemon pid {nf.get('pid')}" if nf["source"] == "daemon" else "crontab line" if nf["source"] == "cron"
+               else f"systemd {nf.get('unit')}")
         return f"next fire  {nf['at']} (in {human_s(nf.get('in_s'))}, {who})\n"
     if nf:
         return f"next fire  unknown ({nf['source']} running, no time published)\n"
-    return "next fire  unknown (no daemon or systemd timer found)\n"
+    return "next fire  unknown (no daemon, systemd timer or crontab line found)\n"
 
 
 def _breaker_line(b: Mapping[str, Any]) -> str:
@@ -158,7 +159,7 @@ def render_status(info: Mapping[str, Any]) -> str:
         _running_line(info),
         _next_fire_line(info.get("next_fire")),
         f"ledger     last cycle {info['last_logged_cycle']}, last result {info['last_result']};"
-        f" today {info.get('cycles_today', 0)} cycle(s), {cost}\n",
+        f" today {info.get('cycles_today', 0)} cycle(s), {cost}, {info.get('idle_polls_today', 0)} idle poll(s)\n",
         f"context    streak {info['context_streak']}/{info['context_streak_limit']}"
         f", parked {orjson.dumps(info['parked_work']).decode()}\n",
         _breaker_line(info.get("breaker") or {}),
@@ -240,14 +241,16 @@ def _history_summary(entries: Sequence[Mapping[str, Any]]) -> list[str]:
     ]
 
 
-def render_history(entries: list[dict[str, Any]], malformed: int) -> str:
+def render_history(entries: list[dict[str, Any]], malformed: int, *, idle_hidden: int = 0) -> str:
     if not entries:
-        lines = ["  (no cycles match)\n" if malformed else "  (no cycles yet)\n"]
+        lines = ["  (no cycles match)\n" if malformed or idle_hidden else "  (no cycles yet)\n"]
     else:
         lines = [*_history_summary(entries)]
         for e in entries:
             lines.append(_row(e))
             lines.extend(_output_lines(e, "         "))
+    if idle_hidden:
+        lines.append(f"  ({idle_hidden} idle poll(s) hidden; --all shows them)\n")
     if malformed:
         lines.append(f"  ({malformed} malformed line(s) skipped)\n")
     return term_safe("".join(lines))
