@@ -187,6 +187,17 @@ def _sd_exec(argv: list[str], generic: bool) -> str:
     return " ".join([_sd_word(argv[0]), *(_sd_word(w, exec_line=True) for w in argv[1:])])
 
 
+PRIVATE_TMP_OFF = ("# No PrivateTmp: this repository is under /tmp or /var/tmp, which a private one would hide "
+                   "(226/NAMESPACE).\nPrivateTmp=no")
+
+
+def private_tmp(t: Target) -> str:
+    """``PrivateTmp=yes`` unless the repository or the state directory lives in /tmp or /var/tmp: the
+    service's own empty ones would hide it, and systemd fails the unit on its ReadWritePaths=."""
+    hidden = any(p == d or p.startswith(d + "/") for p in (t.repo, t.state_dir) for d in ("/tmp", "/var/tmp"))
+    return PRIVATE_TMP_OFF if hidden and not t.generic else "PrivateTmp=yes"
+
+
 def _unit_ctx(t: Target) -> dict[str, object]:
     g = t.generic
     word = (lambda v: v) if g else _sd_word
@@ -218,7 +229,8 @@ def _unit_ctx(t: Target) -> dict[str, object]:
         "wanted_by": "default.target" if t.user_mode else "multi-user.target",
         "sandbox_note": USER_SANDBOX_NOTE if t.user_mode else "",
         # User managers cannot bound capabilities or protect kernel knobs without user namespaces.
-        "sandbox": tpl.SANDBOX.format(rw_paths=" ".join(rw)) + ("" if t.user_mode else tpl.HARDENING),
+        "sandbox": tpl.SANDBOX.format(rw_paths=" ".join(rw), private_tmp=private_tmp(t))
+        + ("" if t.user_mode else tpl.HARDENING),
         "extra_env": env,
         "cron": t.cron,
     }

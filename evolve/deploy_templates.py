@@ -33,7 +33,7 @@ SANDBOX = """\
 NoNewPrivileges=yes
 ProtectSystem=strict
 ReadWritePaths={rw_paths}
-PrivateTmp=yes
+{private_tmp}
 """
 
 HARDENING = """\

@@ -26,7 +26,7 @@ import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
-from support import Env, entry, git, jsonl, results
+from support import Env, entry, git, improved_step, jsonl, results
 
 from evolve import deploy
 from evolve.paths import Paths
@@ -374,3 +374,120 @@ def test_cron_daemon_fires_the_rendered_line_into_the_ledger(env: Env, cli, tmp_
 def test_cron_d_file_names_are_ones_debian_cron_reads(name: str, file: str) -> None:
     assert deploy.cron_d_name(name) == file
     assert re.fullmatch(r"[A-Za-z0-9_-]+", file)  # run-parts' naming, which Debian's cron applies to cron.d
+
+
+# -- a real systemd: a user manager in a private mount and PID namespace -------------------------------
+
+# Inside the namespace: a tmpfs /run with /run/systemd/system (what sd_booted() checks: a user manager
+# refuses to start on a system that was not booted with systemd, and this container's PID 1 is not
+# systemd), then `systemd --user` (its unit directory under the test's XDG_CONFIG_HOME, never the real
+# ~/.config), then exactly the command `evolve install systemd --user --dest` prints. The service's state
+# is written to a file every half second for the test to read.
+SYSTEMD_NS = """set -e
+mount -t tmpfs tmpfs /run
+mkdir -p /run/systemd/system /run/user/0
+chmod 700 /run/user/0
+export XDG_RUNTIME_DIR=/run/user/0
+state="$1"; enable="$2"; unit="$3"; shift 3
+"$SYSTEMD" --user > "$state.manager.log" 2>&1 &
+manager=$!
+i=0
+until [ -S /run/user/0/systemd/private ]; do
+  i=$((i + 1)); [ $i -lt 600 ] || { echo "no user manager socket" >&2; exit 1; }
+  kill -0 $manager; sleep 0.1
+done
+systemctl --user set-environment "$@"
+sh -c "$enable"
+while kill -0 $manager; do
+  systemctl --user show "$unit" -p ActiveState -p Result -p ExecMainStatus -p NRestarts \\
+    -p ExecMainStartTimestampMonotonic > "$state.tmp" && mv "$state.tmp" "$state"
+  sleep 0.5
+done
+"""
+
+
+def systemd_prerequisites() -> str:
+    def missing(why: str) -> None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{why} (.ci/run runs as root and installs systemd)")
+        pytest.skip(why)
+
+    manager = next((p for p in ("/lib/systemd/systemd", "/usr/lib/systemd/systemd") if os.access(p, os.X_OK)), None)
+    if manager is None or shutil.which("systemctl") is None:
+        missing("systemd is not installed: apt-get install systemd")
+    if os.geteuid() != 0:
+        missing("the test's private mount and PID namespaces (unshare -m -p) need root")
+    probe = subprocess.run(["unshare", "-m", "-p", "-f", "--mount-proc", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        missing(f"no private mount and PID namespace here (unshare: {probe.stderr.strip()})")
+    return str(manager)
+
+
+def unit_state(path: Path) -> dict[str, str]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    return dict(ln.split("=", 1) for ln in text.splitlines() if "=" in ln)
+
+
+def test_systemd_user_timer_fires_the_rendered_units_into_the_ledger(env: Env, cli, tmp_path: Path) -> None:
+    """The rendered user units, sandbox and all, under a real `systemd --user`, enabled as `evolve install`
+    says, until the timer's fire lands in the ledger. The repository is under /tmp, as an operator's may be:
+    the units leave PrivateTmp off for it (a private /tmp would hide it: 226/NAMESPACE)."""
+    manager = systemd_prerequisites()
+    # ProtectSystem=strict leaves only the repository writable: the scripted agent keeps its script there.
+    env.script = env.repo / ".agents" / "agent.json"
+    env.steps([improved_step()])
+    env.write_config(agent={"argv": [sys.executable, "-m", "evolve.agent.scripted", "--script", str(env.script)]},
+                     fire={"max_cycles": 1})
+    env.queue(entry("a", "b"))
+    units = tmp_path / "units"
+    r = cli("install", "systemd", "--user", "--schedule", "* * * * *", "--dest", str(units))
+    assert r.code == 0, r.stderr
+    (enable,) = [ln.removeprefix("enable: ") for ln in r.stdout.splitlines() if ln.startswith("enable: ")]
+    assert "systemctl --user link " in enable and "enable --now evolve@repo.timer" in enable
+    assert "PrivateTmp=no" in (units / "evolve@repo.service").read_text()
+    # What an operator's manager environment would carry: the git identity (and the tree under test).
+    manager_env = [f"{k}={v}" for k, v in env.env().items() if k.startswith("GIT_") or k == "PYTHONPATH"]
+    state = tmp_path / "unit-state"
+    ns = subprocess.Popen(
+        ["unshare", "-m", "--propagation", "private", "-p", "-f", "--mount-proc", "sh", "-c", SYSTEMD_NS, "sh",
+         str(state), enable, "evolve@repo.service", *manager_env],
+        # The manager's own config and data (units, Persistent= stamps) stay in the test's directories.
+        env={**os.environ, "SYSTEMD": manager, "XDG_CONFIG_HOME": str(env.xdg),
+             "XDG_DATA_HOME": str(tmp_path / "data"), "XDG_STATE_HOME": str(tmp_path / "state"),
+             "XDG_CACHE_HOME": str(tmp_path / "cache")},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        def ran() -> bool:
+            assert ns.poll() is None, ns.stdout.read().decode(errors="replace") if ns.stdout else ""
+            s = unit_state(state)
+            assert s.get("Result", "success") == "success", s  # e.g. exit-code with 226/NAMESPACE
+            return s.get("ExecMainStartTimestampMonotonic", "0") != "0" and s.get("ActiveState") == "inactive"
+
+        wait_for("the timer to start evolve@repo.service and its fire to end", ran)
+    finally:
+        os.killpg(ns.pid, signal.SIGKILL)  # PID 1 of the namespace goes: the kernel ends everything in it
+        ns.wait(timeout=60)
+    assert unit_state(state)["ExecMainStatus"] == "0"
+    ledger = env.ledger()
+    assert ledger and set(results(ledger)) == {"improved"}
+    for e in ledger:
+        assert git(env.repo, "cat-file", "-t", e["sha"]).strip() == "commit"
+    assert not (env.repo / ".git" / "index.lock").exists()
+    assert (env.xdg / "systemd" / "user" / "timers.target.wants" / "evolve@repo.timer").is_symlink()
+    assert (tmp_path / "data" / "systemd" / "timers" / "stamp-evolve@repo.timer").exists()  # Persistent=true
+
+
+@pytest.mark.parametrize(("repo", "state", "private"), [
+    ("/srv/repo", "/srv/repo/.agents/evolve", True),
+    ("/tmp/repo", "/tmp/repo/.agents/evolve", False),
+    ("/var/tmp/x", "/var/tmp/x/.agents/evolve", False),
+    ("/srv/repo", "/tmp/evolve-state", False),  # EVOLVE_DIR under /tmp
+    ("/tmpfiles/repo", "/tmpfiles/repo/.agents/evolve", True),  # only the directory itself, not a prefix
+])
+def test_private_tmp_only_where_it_hides_nothing(repo: str, state: str, private: bool) -> None:
+    t = deploy.Target(name="r", repo=repo, state_dir=state, evolve=("/usr/bin/evolve",), path="/usr/bin",
+                      home="/home/u", cron="*/30 * * * *")
+    assert (deploy.private_tmp(t) == "PrivateTmp=yes") is private
