@@ -168,8 +168,6 @@ def run(args: argparse.Namespace) -> int:
     name = args.name or re.sub(r"[^A-Za-z0-9_.:-]", "_", repo.name) or "repo"
     if not re.fullmatch(r"[A-Za-z0-9_.:-]+", name):
         raise UsageError(f"--name {name!r}: use letters, digits and _ . : - only")
-    if args.kind == "kubernetes" and not args.image:
-        raise UsageError(deploy.NEED_IMAGE)  # before anything is read: no image, nothing to render
     evolve = _evolve_command()
     target = deploy.Target(
         name=name,
@@ -187,7 +185,8 @@ def run(args: argparse.Namespace) -> int:
         user_mode=args.user,
         image=args.image,
         git_url=_git_url(repo) if args.kind == "kubernetes" else "",
-        config_toml=_config_for_configmap(paths.config) if args.kind == "kubernetes" else "",
+        # Read only for a manifest that will render (no --image: deploy.kubernetes says how to build one).
+        config_toml=_config_for_configmap(paths.config) if args.kind == "kubernetes" and args.image else "",
         # The daemon reads its schedule from config; --schedule goes in as the env layer, above the file.
         extra_env={"EVOLVE_SCHEDULE_CRON": expr} if args.daemon and args.schedule is not None else {},
     )
