@@ -247,9 +247,10 @@ def _stranded(paths: Paths, snap: StatusSnapshot) -> list[dict[str, Any]]:
         for obj in read_entries(paths.nextwork):
             for it in entry_items(obj):
                 if it.get("claim_status") == "in_progress" and len(out) < 200:
-                    out.append({"ref": item_ref(obj, it), "title": str(it.get("title") or ""),
-                                "what": f"claimed in the queue by {it.get('claimed_by') or '?'}, no fire running",
-                                "since": str(it.get("claimed_at") or "")})
+                    # Queue lines are untrusted: every text is cut short (the page escapes and redacts it).
+                    out.append({"ref": item_ref(obj, it)[:300], "title": str(it.get("title") or "")[:200],
+                                "what": f"claimed in the queue by {str(it.get('claimed_by') or '?')[:100]}, "
+                                        "no fire running", "since": str(it.get("claimed_at") or "")[:40]})
     except (OSError, ImportError):
         pass
     return _by_ref(out)
