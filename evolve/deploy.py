@@ -19,6 +19,17 @@ from evolve.config import Config
 from evolve.errors import UsageError
 
 GENERIC_PATH = "%h/.local/bin:/usr/local/bin:/usr/bin:/bin"
+# The user the Containerfile creates and runs as; the CronJob's securityContext must name the same one.
+CONTAINER_UID = 10001
+NEED_IMAGE = ("kubernetes needs --image: build the image from the repository's Containerfile and push it "
+              "(podman build -f Containerfile -t REGISTRY/evolve:TAG . && podman push REGISTRY/evolve:TAG; "
+              "deploy/README.md, Kubernetes)")
+GENERIC_IMAGE = "registry.example.com/evolve:latest"
+GENERIC_CONFIG = """\
+# The repository's .agents/evolve/config.toml (`evolve install kubernetes` puts it here).
+[agent]
+runner = "claude"
+"""
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 RENDERED_NOTE = "# Rendered by `evolve install` for {repo}; run it again after changes.\n"
 USER_SANDBOX_NOTE = "\n# A user unit gets it only with unprivileged user namespaces: on 226/NAMESPACE drop these lines."
@@ -81,8 +92,9 @@ class Target:
     user: str | None = None  # system units: User=
     user_mode: bool = False  # a user unit (systemctl --user) or a user crontab
     generic: bool = False  # the `deploy/` templates, not a rendering for one repo
-    image: str = "evolve:latest"
+    image: str = ""  # kubernetes: the image built from the Containerfile and pushed (required there)
     git_url: str = ""
+    config_toml: str = ""  # kubernetes: the repository's config.toml, for the ConfigMap (any text: YAML-escaped)
     extra_env: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -175,6 +187,17 @@ def _sd_exec(argv: list[str], generic: bool) -> str:
     return " ".join([_sd_word(argv[0]), *(_sd_word(w, exec_line=True) for w in argv[1:])])
 
 
+PRIVATE_TMP_OFF = ("# No PrivateTmp: this repository is under /tmp or /var/tmp, which a private one would hide "
+                   "(226/NAMESPACE).\nPrivateTmp=no")
+
+
+def private_tmp(t: Target) -> str:
+    """``PrivateTmp=yes`` unless the repository or the state directory lives in /tmp or /var/tmp: the
+    service's own empty ones would hide it, and systemd fails the unit on its ReadWritePaths=."""
+    hidden = any(p == d or p.startswith(d + "/") for p in (t.repo, t.state_dir) for d in ("/tmp", "/var/tmp"))
+    return PRIVATE_TMP_OFF if hidden and not t.generic else "PrivateTmp=yes"
+
+
 def _unit_ctx(t: Target) -> dict[str, object]:
     g = t.generic
     word = (lambda v: v) if g else _sd_word
@@ -206,7 +229,8 @@ def _unit_ctx(t: Target) -> dict[str, object]:
         "wanted_by": "default.target" if t.user_mode else "multi-user.target",
         "sandbox_note": USER_SANDBOX_NOTE if t.user_mode else "",
         # User managers cannot bound capabilities or protect kernel knobs without user namespaces.
-        "sandbox": tpl.SANDBOX.format(rw_paths=" ".join(rw)) + ("" if t.user_mode else tpl.HARDENING),
+        "sandbox": tpl.SANDBOX.format(rw_paths=" ".join(rw), private_tmp=private_tmp(t))
+        + ("" if t.user_mode else tpl.HARDENING),
         "extra_env": env,
         "cron": t.cron,
     }
@@ -265,8 +289,14 @@ def crontab(t: Target, *, system: bool = False) -> dict[str, str]:
     jobs = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
     if len(jobs) != 1 or "%" in jobs[0].replace("\\%", ""):  # Target and _cron_word make this impossible
         raise AssertionError(f"crontab rendering is not one job line: {jobs!r}")
-    name = "evolve.crontab" if t.generic else (f"evolve-{t.name}" if system else f"evolve-{t.name}.crontab")
+    name = "evolve.crontab" if t.generic else (cron_d_name(t.name) if system else f"evolve-{t.name}.crontab")
     return {name: text}
+
+
+def cron_d_name(name: str) -> str:
+    """The ``/etc/cron.d`` file name: Debian's cron (run-parts naming) silently skips a file whose name has
+    anything but letters, digits, ``_`` and ``-``, so ``evolve-my.app`` would never run."""
+    return "evolve-" + re.sub(r"[^A-Za-z0-9_-]", "_", name)
 
 
 # -- Kubernetes --------------------------------------------------------------------------------------
@@ -287,6 +317,23 @@ def yaml_str(value: str) -> str:
     return '"' + "".join(out) + '"'
 
 
+def yaml_block(value: str, indent: int) -> str:
+    """A YAML literal block (``|``) at ``indent`` spaces when ``value`` reads back exactly from one, else
+    :func:`yaml_str`. A block keeps a config file readable in the manifest; it is used only for printable
+    ASCII lines that neither start with a space (the indentation would be misread) nor hold spaces alone
+    (a block drops them), and its chomping indicator keeps the final newlines exactly."""
+    lines = value.split("\n")
+    body = value.rstrip("\n")
+    plain = re.fullmatch(r"[\x20-\x7e\n]*", value) is not None
+    if not body or not plain or body.startswith(" ") or any(ln.strip() == "" and ln for ln in lines):
+        return yaml_str(value)
+    trailing = len(value) - len(body)
+    chomp = "-" if trailing == 0 else "" if trailing == 1 else "+"
+    pad = " " * indent
+    kept = body.split("\n") + [""] * (trailing - 1 if trailing > 1 else 0)
+    return f"|{chomp}\n" + "\n".join(pad + ln if ln else "" for ln in kept)
+
+
 def k8s_name(name: str) -> str:
     """A DNS-1123 label short enough for ``evolve-<name>-work``."""
     out = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:40].strip("-")
@@ -297,6 +344,8 @@ def kubernetes(t: Target) -> dict[str, str]:
     spec = cronexpr.parse(t.cron)
     interval = cronexpr.max_interval_s(spec, t.timezone or "UTC")
     name = k8s_name(t.name)
+    if not t.image:
+        raise UsageError(NEED_IMAGE)
     ctx = {
         "name": name,
         "schedule": yaml_str(cronexpr.crontab_schedule(spec)),
@@ -306,6 +355,8 @@ def kubernetes(t: Target) -> dict[str, str]:
         "termination_grace": int(t.grace_s) + 15,
         "image": yaml_str(t.image),
         "git_url": yaml_str(t.git_url or "https://git.example.com/you/repo.git"),
+        "config_toml": yaml_block(t.config_toml or GENERIC_CONFIG, indent=4),
+        "uid": CONTAINER_UID,
     }
     return {"cronjob.yaml" if t.generic else f"evolve-{name}.yaml": fill(tpl.KUBERNETES, ctx)}
 
@@ -334,6 +385,7 @@ def generic_targets(cfg: Config | None = None) -> tuple[Target, Target]:
         evolve=("evolve",),
         path="$HOME/.local/bin:/usr/local/bin:/usr/bin:/bin",
         user_mode=True,
+        image=GENERIC_IMAGE,
     )
     return base, cron
 

@@ -33,7 +33,7 @@ SANDBOX = """\
 NoNewPrivileges=yes
 ProtectSystem=strict
 ReadWritePaths={rw_paths}
-PrivateTmp=yes
+{private_tmp}
 """
 
 HARDENING = """\
@@ -114,6 +114,19 @@ KUBERNETES = """\
 # evolve:{{name}}: one fire per tick as a Kubernetes CronJob. The repository and evolve's state live on
 # the PersistentVolumeClaim (ReadWriteOnce: evolve's flock is not reliable on NFS). Cluster-level STOP:
 #   kubectl patch cronjob evolve-{{name}} -p '{"spec":{"suspend":true}}'
+# The image: build it from the repository's Containerfile and push it (deploy/README.md, "Kubernetes").
+# The config: the ConfigMap below is the repository's .agents/evolve/config.toml (git-ignored, so no clone
+# has it); every Job copies it into the clone. Change it here and `kubectl apply` again.
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: evolve-{{name}}-config
+  labels:
+    app.kubernetes.io/name: evolve
+    app.kubernetes.io/instance: {{name}}
+data:
+  config.toml: {{config_toml}}
+---
 apiVersion: v1
 kind: PersistentVolumeClaim
 metadata:
@@ -159,16 +172,38 @@ spec:
           restartPolicy: Never
           # SIGTERM: evolve interrupts the agent, records `interrupted` and exits 143 within this.
           terminationGracePeriodSeconds: {{termination_grace}}
+          # The image's user (Containerfile); fsGroup makes the claim writable by it.
+          securityContext:
+            runAsNonRoot: true
+            runAsUser: {{uid}}
+            runAsGroup: {{uid}}
+            fsGroup: {{uid}}
           initContainers:
             - name: clone
               image: {{image}}
-              command: ["sh", "-c", "[ -d /work/repo/.git ] || git clone \\"$EVOLVE_GIT_URL\\" /work/repo"]
+              command: ["sh", "-c"]
+              args:
+                - |
+                  # Clone once; the config comes from the ConfigMap on every run (.agents/ is not in git).
+                  set -e
+                  [ -d /work/repo/.git ] || git clone "$EVOLVE_GIT_URL" /work/repo
+                  mkdir -p /work/home /work/repo/.agents/evolve
+                  # What `evolve init` does: evolve's state stays out of git.
+                  [ -e /work/repo/.agents/.gitignore ] || printf '*\\n' > /work/repo/.agents/.gitignore
+                  cp /etc/evolve/config.toml /work/repo/.agents/evolve/config.toml
               env:
                 - name: EVOLVE_GIT_URL
                   value: {{git_url}}
+                - name: HOME
+                  value: /work/home
+              securityContext:
+                allowPrivilegeEscalation: false
               volumeMounts:
                 - name: work
                   mountPath: /work
+                - name: config
+                  mountPath: /etc/evolve
+                  readOnly: true
           containers:
             - name: evolve
               image: {{image}}
@@ -200,4 +235,7 @@ spec:
             - name: work
               persistentVolumeClaim:
                 claimName: evolve-{{name}}-work
+            - name: config
+              configMap:
+                name: evolve-{{name}}-config
 """

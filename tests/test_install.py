@@ -244,8 +244,11 @@ def test_rendered_units_pass_systemd_analyze_verify(env: Env, cli, tmp_path: Pat
     # Absolute paths, this environment's evolve, and the sandbox the issue asks for.
     assert f"ExecStart={EVOLVE} --repo {env.repo} " in text
     for key in ("SuccessExitStatus=75", "TimeoutStartSec=", "KillMode=control-group", "NoNewPrivileges=yes",
-                "ProtectSystem=strict", f"ReadWritePaths={env.repo} ", "PrivateTmp=yes"):
+                "ProtectSystem=strict", f"ReadWritePaths={env.repo} "):
         assert key in text, key
+    # A private /tmp would hide a repository under /tmp (systemd: 226/NAMESPACE), as this test's is.
+    in_tmp = str(env.repo).startswith(("/tmp/", "/var/tmp/"))
+    assert ("PrivateTmp=no" if in_tmp else "PrivateTmp=yes") in text
     assert ("User=" in text) is ("--user" not in flags)
     if "--daemon" in flags:
         for key in ("Type=notify", "WatchdogSec=", "Restart=on-failure", "RestartPreventExitStatus=75 78"):
@@ -301,7 +304,8 @@ def test_install_writes_units_where_they_belong_and_says_how_to_enable(env: Env,
     assert (tmp_path / "d" / "evolve-daemon@fleet1.service").is_file()
     assert "systemctl link " in r.stdout and "enable --now evolve-daemon@fleet1.service" in r.stdout
 
-    r = cli("install", "kubernetes", extra_env={"XDG_CONFIG_HOME": str(xdg)})
+    r = cli("install", "kubernetes", "--image", "registry.example.com/evolve:1",
+            extra_env={"XDG_CONFIG_HOME": str(xdg)})
     assert r.code == 0, r.stderr
     manifest = xdg / "evolve" / "kubernetes" / "evolve-repo.yaml"
     assert manifest.is_file() and f"enable: kubectl apply -f {manifest}" in r.stdout
@@ -403,8 +407,8 @@ def test_system_crontab_has_a_user_field(env: Env, cli) -> None:
 
 def check_manifest(text: str, schedule: str) -> dict:
     docs = [d for d in yaml.safe_load_all(text) if d]
-    assert [d["kind"] for d in docs] == ["PersistentVolumeClaim", "CronJob"]
-    pvc, cron = docs
+    assert [d["kind"] for d in docs] == ["ConfigMap", "PersistentVolumeClaim", "CronJob"]
+    configmap, pvc, cron = docs
     assert pvc["spec"]["accessModes"] == ["ReadWriteOnce"]
     spec = cron["spec"]
     assert spec["schedule"] == schedule
@@ -417,8 +421,9 @@ def check_manifest(text: str, schedule: str) -> dict:
     assert job["activeDeadlineSeconds"] >= 3600
     pod = job["template"]["spec"]
     assert pod["restartPolicy"] == "Never"
-    (volume,) = pod["volumes"]
-    assert volume["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+    work, config = pod["volumes"]
+    assert work["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+    assert config["configMap"]["name"] == configmap["metadata"]["name"]
     (container,) = pod["containers"]
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     assert mounts == {"/work"}  # repository and state (.agents/evolve) both on the claim
@@ -438,8 +443,9 @@ def test_kubernetes_manifest_parses_with_the_fields(env: Env, cli) -> None:
     cron = check_manifest(files["evolve-repo.yaml"], "0 */2 * * *")
     pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
     assert pod["containers"][0]["image"] == "registry/evolve:1"
-    assert pod["initContainers"][0]["env"] == [{"name": "EVOLVE_GIT_URL",
-                                                 "value": "https://git.example.com/team/repo.git"}]
+    assert pod["initContainers"][0]["env"] == [
+        {"name": "EVOLVE_GIT_URL", "value": "https://git.example.com/team/repo.git"},
+        {"name": "HOME", "value": "/work/home"}]
     check_manifest((ROOT / "deploy" / "kubernetes" / "cronjob.yaml").read_text(), "*/30 * * * *")
 
 
@@ -447,7 +453,7 @@ def test_kubernetes_container_script_maps_75_and_forwards_sigterm(env: Env, tmp_
     """The container's shell (PID 1 in the pod) run here: busy is success, SIGTERM reaches evolve."""
     manifest = deploy.kubernetes(deploy.generic_targets()[1])["cronjob.yaml"]
     docs = [d for d in yaml.safe_load_all(manifest) if d]
-    script = docs[1]["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["args"][0]
+    script = docs[-1]["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["args"][0]
     script = script.replace("/work/repo", str(env.repo))
     path = f"{Path(EVOLVE).parent}:/usr/bin:/bin"
 

@@ -243,3 +243,12 @@ def test_a_detached_head_falls_back_to_working_in_place(env: Env, cli) -> None:
     assert r.code == 0 and "workspace.in_place" in r.names(), r.stderr
     assert env.ledger()[-1]["result"] == "improved" and (env.repo / "a.txt").exists()
     assert not env.tree.exists()
+
+
+def test_the_morning_report_lists_work_set_aside(env: Env, cli) -> None:
+    git(env.repo, "update-ref", "refs/evolve/stranded/7", head(env.repo))
+    out = env.root / "report.html"
+    r = cli("report", "-o", str(out))
+    assert r.code == 0, r.stderr
+    html = out.read_text()
+    assert "refs/evolve/stranded/7" in html and "a dead cycle&#x27;s work" in html.replace("&#39;", "&#x27;")

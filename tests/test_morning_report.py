@@ -179,9 +179,13 @@ def static_checks(html: str) -> None:
     """Self-contained: no URL, no external reference, no script of any kind."""
     low = html.lower()
     assert "http:" not in low and "https:" not in low and "ftp:" not in low
-    for bad in ("<script", "<link", "<iframe", "<object", "<embed", "<img", "@import", "url(", "src=", "href=",
+    for bad in ("<script", "<link", "<iframe", "<object", "<embed", "<img", "@import", "url(", "src=",
                 "javascript:", "xlink:href"):
         assert bad not in low, bad
+    # The only links are to run logs beside the page: relative, no scheme, no host (nothing is fetched).
+    for href in re.findall(r"href=\"([^\"]*)\"", low):
+        assert ":" not in href and not href.startswith("/") and href.endswith(".log"), href
+    assert low.count("href=") == len(re.findall(r"<a class=\"log\" href=", low))
     assert "default-src 'none'" in html  # CSP: even an injected reference would not load
 
 
@@ -242,8 +246,9 @@ def test_report_renders_in_headless_chromium(report: dict[str, Any], proxy: Reco
     assert [t for _, t in goals] == [f"cycle {e['cycle']}: {e['goals_passing']}/{e['goals_total']} passing"
                                      for e in report["entries"] if "goals_passing" in e]
     text = re.sub(r"<[^>]+>", " ", dump)
-    for needle in ("Work done", "fix the parser", "a1b2c3d4e5f6", "Parked and deferred", "scope too big",
-                   "defer:waiting for upstream", "context hand-off (resumes in a fresh session)", "HANDOFF"):
+    for needle in ("Work done", "fix the parser", "a1b2c3d4e5f6", "parked and deferred", "scope too big",
+                   "defer:waiting for upstream", "context hand-off (resumes in a fresh session)", "HANDOFF",
+                   "context hand-off pending: the next fire starts a fresh session (next-action: y)"):
         assert needle in text, needle
     assert "<script" not in dump.lower()
 

@@ -29,7 +29,9 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                    help="systemd: the long-running `evolve daemon` unit instead of a timer and a oneshot service")
     p.add_argument("--name", default=None, help="instance / job name (default: the repository directory's name)")
     p.add_argument("--dest", type=Path, default=None, metavar="DIR", help="write into DIR instead")
-    p.add_argument("--image", default="evolve:latest", help="kubernetes: an image with git, evolve and the agent CLI")
+    p.add_argument("--image", default="", metavar="IMAGE",
+                   help="kubernetes (required): the image built from the Containerfile and pushed, e.g. "
+                        "registry.example.com/evolve:0.1.0")
 
 
 def _evolve_command() -> tuple[str, ...]:
@@ -64,6 +66,26 @@ def _git_url(repo: Path) -> str:
 
     out = run_git(repo, "remote", "get-url", "origin")
     return out.stdout.strip() if out.returncode == 0 else ""
+
+
+def _config_for_configmap(path: Path) -> str:
+    """The repository's config.toml for the CronJob's ConfigMap (a clone lacks it: .agents/ is git-ignored).
+
+    A ConfigMap is not a Secret: anything that looks like one is redacted, and said so on stderr.
+    """
+    from evolve import redact
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return "# no .agents/evolve/config.toml when this was rendered: evolve's defaults apply\n"
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read it for the ConfigMap: {exc}") from exc
+    safe = redact.current().text(text)
+    if safe != text:
+        print(f"warning: {path} holds what looks like a secret; it is redacted in the ConfigMap: "
+              "put it in the Secret evolve-agent instead", file=sys.stderr)
+    return safe
 
 
 def _config_home() -> Path:
@@ -163,6 +185,8 @@ def run(args: argparse.Namespace) -> int:
         user_mode=args.user,
         image=args.image,
         git_url=_git_url(repo) if args.kind == "kubernetes" else "",
+        # Read only for a manifest that will render (no --image: deploy.kubernetes says how to build one).
+        config_toml=_config_for_configmap(paths.config) if args.kind == "kubernetes" and args.image else "",
         # The daemon reads its schedule from config; --schedule goes in as the env layer, above the file.
         extra_env={"EVOLVE_SCHEDULE_CRON": expr} if args.daemon and args.schedule is not None else {},
     )

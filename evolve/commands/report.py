@@ -37,9 +37,9 @@ def run(args: argparse.Namespace) -> int:
     if since >= now:
         raise UsageError("--since must be in the past")
     paths = Paths.for_repo(repo_of(args))
-    html = render_html(build(paths, since=since, now=now, env=os.environ))
+    data = build(paths, since=since, now=now, env=os.environ)
     if args.output is not None and str(args.output) == "-":
-        sys.stdout.write(html)
+        sys.stdout.write(render_html(data))  # no place on disk: run logs are named, not linked
         sys.stdout.flush()
         return 0
     out = paths.report_html
@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
         from evolve.paths import operator_root
 
         out = operator_root(Path(os.path.abspath(args.output)).parent, paths.repo) / args.output.name
+    html = render_html(data, links_from=out.parent)  # run logs linked relative to where the page is
     # 0o666 less the umask when new; a rewrite keeps the file's mode, owner and group
     atomic_write_bytes(out, html.encode("utf-8"))
     print(f"wrote {out}")

@@ -10,6 +10,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from evolve.paths import Paths
@@ -60,6 +61,9 @@ class ReportData:
     blocked: list[dict[str, Any]] = field(default_factory=list)
     heavy_pct: float = 40.0
     idle_polls: int = 0  # passes that found no work: counted, not drawn or listed as cycles
+    run_logs: dict[int, Path] = field(default_factory=dict)  # cycle -> its agent run log, when still kept
+    stranded: list[dict[str, Any]] = field(default_factory=list)  # claims and cycles no running fire owns
+    pending: list[str] = field(default_factory=list)  # hand-offs waiting for the next fire
 
     @property
     def done(self) -> list[Cycle]:
@@ -208,6 +212,97 @@ def _blocked(paths: Paths, since: float) -> list[dict[str, Any]]:
     return out
 
 
+def _run_logs(paths: Paths, cycles: list[Cycle]) -> dict[int, Path]:
+    """Each window cycle's run log (``runs/cycle-N.log``) that retention has not pruned yet."""
+    out: dict[int, Path] = {}
+    for c in cycles:
+        n = c.entry.get("cycle")
+        if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
+            log = paths.runs_dir / f"cycle-{n}.log"
+            if log.is_file():
+                out[n] = log
+    return out
+
+
+def _stranded(paths: Paths, snap: StatusSnapshot) -> list[dict[str, Any]]:
+    """Work that no running fire owns: what a dead fire left claimed or mid-cycle, and queue claims.
+
+    Nothing is stranded while a fire holds the lock (it owns them all); the next fire recovers the
+    cycle and finalizes or releases its claim, and a queue claim of another tool is taken over once stale.
+    """
+    aside = _set_aside(snap)
+    if snap.running:
+        return aside
+    out: list[dict[str, Any]] = []
+    if snap.active_cycle:
+        a = snap.active_cycle
+        out.append({"ref": str(a.get("work_ref") or ""), "title": str(a.get("title") or ""),
+                    "what": f"cycle {a.get('cycle')} was cut off in its {a.get('phase') or '?'} phase; "
+                            "the next fire recovers it", "since": str(a.get("written_at") or "")})
+    if snap.claimed_work:
+        w = snap.claimed_work
+        out.append({"ref": str(w.get("ref") or ""), "title": str(w.get("title") or ""),
+                    "what": f"claimed by a fire that ended without finishing it ({w.get('source') or '?'}); "
+                            "the next fire finalizes or releases it", "since": str(w.get("claimed_at") or "")})
+    try:
+        from evolve.work.harvested import entry_items, item_ref, read_entries
+
+        for obj in read_entries(paths.nextwork):
+            for it in entry_items(obj):
+                if it.get("claim_status") == "in_progress" and len(out) < 200:
+                    # Queue lines are untrusted: every text is cut short (the page escapes and redacts it).
+                    out.append({"ref": item_ref(obj, it)[:300], "title": str(it.get("title") or "")[:200],
+                                "what": f"claimed in the queue by {str(it.get('claimed_by') or '?')[:100]}, "
+                                        "no fire running", "since": str(it.get("claimed_at") or "")[:40]})
+    except (OSError, ImportError):
+        pass
+    return aside + _by_ref(out)
+
+
+_ASIDE = {  # refs/evolve/<kind>/...: what it holds, and what to do with it (docs/DESIGN.md §8.3)
+    "stranded": ("a dead cycle's work, set aside", "`git show {ref}`; `git update-ref -d {ref}` once taken"),
+    "unlanded": ("green commits the moved branch would not take", "`git cherry-pick ..{ref}` or drop the ref"),
+    "uncommitted": ("a change git would not commit", "`git diff HEAD {ref}`; the item is retried"),
+    "pending": ("green commits waiting to land", "commit or stash your changes in their paths"),
+}
+
+
+def _set_aside(snap: StatusSnapshot) -> list[dict[str, Any]]:
+    """Work evolve keeps under refs/evolve/ (a git ref each), listed whether or not a fire runs."""
+    rows = []
+    for kind, refs in snap.set_aside.items():
+        title, what = _ASIDE.get(kind, (kind, ""))
+        rows += [{"ref": ref, "title": title, "what": what.format(ref=ref), "since": ""} for ref in refs]
+    return rows
+
+
+def _by_ref(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per work item: a killed fire strands its cycle, its claim record and its queue claim at once."""
+    merged: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        m = merged.setdefault(r["ref"], {**r, "what": []})
+        m["what"].append(r["what"])
+        m["since"] = m["since"] or r["since"]
+    return [{**m, "what": "; ".join(m["what"])} for m in merged.values()]
+
+
+def _pending(paths: Paths, snap: StatusSnapshot) -> list[str]:
+    out = []
+    marker = snap.markers.get("HANDOFF")
+    if marker is not None:
+        action = next((ln for ln in marker.content.splitlines() if ln.startswith("next-action:")), "")
+        out.append("context hand-off pending: the next fire starts a fresh session"
+                   + (f" ({action})" if action else ""))
+    from evolve.harness.handoff import pending
+
+    req = pending(paths)
+    if req is not None:
+        what = f"evolve handoff {req.mode}" + (f" — {req.purpose}" if req.purpose else "")
+        out.append(f"operator hand-off pending: {what}, requested {req.requested_at or '?'} "
+                   f"({req.artifact.name}); the next cycle uses it")
+    return out
+
+
 def build(paths: Paths, *, since: float, now: float | None = None, env: Mapping[str, str] | None = None
           ) -> ReportData:
     env = os.environ if env is None else env
@@ -236,4 +331,7 @@ def build(paths: Paths, *, since: float, now: float | None = None, env: Mapping[
         blocked=_blocked(paths, since),
         heavy_pct=float(loaded[0].context.heavy_pct),
         idle_polls=idle,
+        run_logs=_run_logs(paths, cycles),
+        stranded=_stranded(paths, snap),
+        pending=_pending(paths, snap),
     )

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import html
 import math
+import os
 import time
-from collections.abc import Mapping, Sequence
+import urllib.parse
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from evolve import redact
@@ -75,7 +78,8 @@ def color(result: str) -> str:
 
 # -- axes ------------------------------------------------------------------------------------
 
-_TICKS = (300, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 2 * 86400, 7 * 86400, 14 * 86400, 30 * 86400)
+_TICKS = (60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400,
+          2 * 86400, 7 * 86400, 14 * 86400, 30 * 86400)
 
 
 def time_ticks(t0: float, t1: float, want: int = 8) -> list[float]:
@@ -90,14 +94,50 @@ def time_ticks(t0: float, t1: float, want: int = 8) -> list[float]:
     return out
 
 
-def nice_max(v: float) -> float:
-    if not v > 0 or not math.isfinite(v):
-        return 1.0
-    exp = 10.0 ** math.floor(math.log10(v))
-    for m in (1, 2, 2.5, 5, 10):
-        if v <= m * exp:
-            return m * exp
-    return 10 * exp
+MIN_SPAN_S = 600  # a fitted timeline shows at least ten minutes: one short cycle is not a full-width bar
+
+
+def fit_window(since: float, now: float, spans: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """The timeline's range: the data's (every fire and cycle), padded by 4 % a side, inside [since, now].
+
+    A 24-hour window with one hour of fires would otherwise draw them as a sliver at one edge. With
+    no data it is the whole window, which the empty chart then says.
+    """
+    if not spans:
+        return since, now
+    lo = max(since, min(a for a, _ in spans))
+    hi = min(now, max(b for _, b in spans))
+    pad = max(hi - lo, MIN_SPAN_S) * 0.04
+    t0, t1 = max(since, lo - pad), min(now, hi + pad)
+    if t1 - t0 < MIN_SPAN_S:  # widen around the data, as far as the window allows
+        extra = MIN_SPAN_S - (t1 - t0)
+        t1 = min(now, t1 + extra / 2)
+        t0 = max(since, t1 - MIN_SPAN_S)
+        t1 = min(now, t0 + MIN_SPAN_S)
+    return t0, t1
+
+
+def nice_ticks(vmax: float, *, integer: bool = False, want: int = 4) -> tuple[list[float], int]:
+    """Axis ticks from 0 that cover ``vmax`` in at most ``want`` nice steps (1, 2, 2.5 or 5 times a power
+    of ten; whole numbers only when ``integer``), and the decimals that show every tick exactly.
+
+    ``$0.06, $0.12, $0.19`` (a quarter of a nice maximum) becomes ``$0.05, $0.10, $0.15, $0.20``, and a
+    goals axis of 2 reads ``0, 1, 2``, not ``0, 0, 1, 2, 2``.
+    """
+    if not vmax > 0 or not math.isfinite(vmax):
+        vmax = 1.0
+    raw = vmax / want
+    exp = math.floor(math.log10(raw))
+    mantissas = (1, 2, 5, 10) if integer else (1, 2, 2.5, 5, 10)
+    step = next(m * 10.0**exp for m in mantissas if m * 10.0**exp >= raw * (1 - 1e-9))
+    if integer:
+        step = max(1.0, round(step))
+    n = max(1, math.ceil(vmax / step - 1e-9))
+    ticks = [round(i * step, 12) for i in range(n + 1)]
+    decimals = 0 if integer else max(0, -math.floor(math.log10(step) + 1e-9))
+    if not integer and not all(abs(v * 10**decimals - round(v * 10**decimals)) < 1e-6 for v in ticks):
+        decimals += 1  # a 2.5 step: 0.025, 0.05, 0.075
+    return ticks, decimals
 
 
 # -- the timeline ------------------------------------------------------------------------------
@@ -105,7 +145,8 @@ def nice_max(v: float) -> float:
 
 def timeline_svg(d: ReportData) -> str:
     h = 190
-    t0, t1 = d.since, d.now
+    spans = [(f.start, f.end) for f in d.fires] + [(c.start, c.end) for c in d.cycles]
+    t0, t1 = fit_window(d.since, d.now, spans)
     span = max(t1 - t0, 1.0)
     inner = W - LEFT - RIGHT
 
@@ -127,7 +168,10 @@ def timeline_svg(d: ReportData) -> str:
         out.append(f'<text class="tick" x="{xx:.1f}" y="{axis_y + 16}" text-anchor="middle">'
                    f'{_utc(tick, fmt)}</text>')
     out.append(f'<line class="axis" x1="{LEFT}" x2="{W - RIGHT}" y1="{axis_y}" y2="{axis_y}"/>')
-    out.append(f'<text class="tick" x="{W - RIGHT}" y="{axis_y + 34}" text-anchor="end">UTC</text>')
+    shown = f"{_utc(t0)} – {_utc(t1, '%H:%M' if t1 - t0 < 86400 else '%Y-%m-%d %H:%M')} UTC"
+    if (t0, t1) != (d.since, d.now):
+        shown += f" (fitted to the data; the window is {_utc(d.since)} – {_utc(d.now)})"
+    out.append(f'<text class="tick range" x="{W - RIGHT}" y="{axis_y + 34}" text-anchor="end">{t(shown)}</text>')
     for f in d.fires:
         x0, x1 = x(f.start), x(f.end)
         cls = "fire f-halt" if f.halt else "fire f-handoff" if f.reason == "context-handoff" else "fire"
@@ -181,15 +225,17 @@ def legend() -> str:
 # -- per-cycle charts --------------------------------------------------------------------------
 
 
-def _frame(svg_id: str, label: str, h: int, ymax: float, fmt: str, n: int, cycles: Sequence[Cycle]) -> list[str]:
+def _frame(svg_id: str, label: str, h: int, ticks: Sequence[float], fmt: Callable[[float], str], n: int,
+           cycles: Sequence[Cycle]) -> list[str]:
+    """The chart's box, its value axis (``ticks`` from 0 to the top, each labelled by ``fmt``) and cycle labels."""
     out = [f'<svg id="{svg_id}" class="chart" viewBox="0 0 {W} {h}" width="{W}" height="{h}" role="img" '
            f'aria-label="{t(label)}">']
     top, bottom = 12, h - 28
-    for i in range(5):
-        v = ymax * i / 4
-        y = bottom - (bottom - top) * i / 4
+    ymax = ticks[-1]
+    for v in ticks:
+        y = bottom - (bottom - top) * v / ymax
         out.append(f'<line class="grid" x1="{LEFT}" x2="{W - RIGHT}" y1="{y:.1f}" y2="{y:.1f}"/>')
-        out.append(f'<text class="tick" x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{fmt.format(v)}</text>')
+        out.append(f'<text class="tick ytick" x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">{t(fmt(v))}</text>')
     out.append(f'<line class="axis" x1="{LEFT}" x2="{W - RIGHT}" y1="{bottom}" y2="{bottom}"/>')
     if n:
         step = max(1, math.ceil(n / 12))
@@ -219,9 +265,10 @@ def cost_svg(d: ReportData) -> str:
     for v in costs:
         total += v or 0.0
         cum.append(total)
-    ymax = nice_max(max([*cum, 0.0]) or 0.0)
-    out = _frame("cost-chart", "agent cost per cycle (bars) and cumulative (line), USD", h, ymax, "${:.2f}", n,
-                 d.cycles)
+    ticks, dec = nice_ticks(max([*cum, 0.0]) or 0.0)
+    ymax = ticks[-1]
+    out = _frame("cost-chart", "agent cost per cycle (bars) and cumulative (line), USD", h, ticks,
+                 lambda v: f"${v:.{max(dec, 2)}f}", n, d.cycles)
     inner = W - LEFT - RIGHT
     bw = max(1.0, min(24.0, inner / max(n, 1) * 0.7))
     for i, (c, v) in enumerate(zip(d.cycles, costs, strict=True)):
@@ -244,7 +291,8 @@ def context_svg(d: ReportData) -> str:
     h = 220
     top, bottom = 12, h - 28
     n = len(d.cycles)
-    out = _frame("context-chart", "context occupancy per cycle, percent", h, 100.0, "{:.0f}%", n, d.cycles)
+    out = _frame("context-chart", "context occupancy per cycle, percent", h, nice_ticks(100)[0],
+                 lambda v: f"{v:.0f}%", n, d.cycles)
     y_heavy = bottom - (bottom - top) * min(d.heavy_pct, 100) / 100
     out.append(f'<line class="threshold" x1="{LEFT}" x2="{W - RIGHT}" y1="{y_heavy:.1f}" y2="{y_heavy:.1f}">'
                f'<title>{t(f"heavy at {d.heavy_pct:g}%")}</title></line>')
@@ -281,8 +329,9 @@ def goals_svg(d: ReportData) -> str:
     n = len(d.cycles)
     carrying = [(i, c) for i, c in enumerate(d.cycles)
                 if _num(c.entry.get("goals_passing")) is not None and _num(c.entry.get("goals_total"))]
-    ymax = max([_num(c.entry.get("goals_total")) or 0 for _, c in carrying] + [1.0])
-    out = _frame("goals-chart", "goals passing per cycle", h, ymax, "{:.0f}", n, d.cycles)
+    ticks, _ = nice_ticks(max([_num(c.entry.get("goals_total")) or 0 for _, c in carrying] + [1.0]), integer=True)
+    ymax = ticks[-1]
+    out = _frame("goals-chart", "goals passing per cycle", h, ticks, lambda v: f"{v:.0f}", n, d.cycles)
     pts = []
     for i, c in carrying:
         p, tot = _num(c.entry.get("goals_passing")) or 0, _num(c.entry.get("goals_total")) or 0
@@ -306,11 +355,12 @@ def goals_svg(d: ReportData) -> str:
 
 
 def _table(head: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "") -> str:
+    """A table in its own horizontally scrolling box: a narrow window scrolls the table, not the page."""
     if not rows:
         return '<p class="none">none</p>'
     th = "".join(f"<th>{h}</th>" for h in head)
     body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
-    return f'<table class="{cls}"><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>'
+    return f'<div class="tw"><table class="{cls}"><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
 def _badge(result: str) -> str:
@@ -325,17 +375,42 @@ def red_note(e: Mapping[str, Any]) -> str:
     return f"gate: {e['gate_detail']}" + (f" — {last.strip()[:120]}" if last else "")
 
 
-def _cycle_row(c: Cycle) -> list[str]:
+WHY_CAP = 400  # characters of a cycle's gate detail or error in the table (the run log has the rest)
+
+
+def why(e: Mapping[str, Any]) -> str:
+    """Why a cycle went the way it did: the failing gate/goal command and its output's last line
+    (:func:`red_note`), then the agent's error."""
+    parts = [red_note(e)] if e.get("gate_detail") else []
+    parts += [str(e["error"]).strip()] if isinstance(e.get("error"), str) and e["error"].strip() else []
+    text = " · ".join(dict.fromkeys(parts))
+    return text if len(text) <= WHY_CAP else text[: WHY_CAP - 1] + "…"
+
+
+def log_link(log: Path | None, links_from: Path | None) -> str:
+    """A relative link from the report's directory to a run log (no scheme, nothing the page fetches), or
+    the log's path as text when the report has no place on disk (``-o -``)."""
+    if log is None:
+        return ""
+    if links_from is None:
+        return f'<span class="path">{t(log)}</span>'
+    rel = os.path.relpath(log, links_from)
+    href = urllib.parse.quote(rel.replace(os.sep, "/"), safe="/")
+    return f'<a class="log" href="{t(href)}" title="{t(log)}">log</a>'
+
+
+def _cycle_row(c: Cycle, log: Path | None = None, links_from: Path | None = None) -> list[str]:
     e = c.entry
     cost = _num(e.get("cost_usd"))
     pct = _num(e.get("context_pct"))
     goals = f"{e['goals_passing']}/{e['goals_total']}" if _num(e.get("goals_passing")) is not None else ""
     note = " ".join(str(x) for x in (e.get("error_class"), e.get("disposition"), e.get("milestone")) if x)
-    note = (note + " " + red_note(e)).strip()
+    reason = why(e)
     return [
         t(e.get("cycle")), t(_utc(c.end, "%m-%d %H:%M")), _badge(c.result), t(e.get("target")),
         t(e.get("selected_source")), t(_dur(_num(e.get("duration_s")))), "" if cost is None else t(f"${cost:.2f}"),
-        "" if pct is None else t(f"{pct:.0f}%"), t(goals), t(note[:320]),
+        "" if pct is None else t(f"{pct:.0f}%"), t(goals), t(note[:200]),
+        f'<div class="why">{t(reason)}</div>' if reason else "", log_link(log, links_from),
     ]
 
 
@@ -379,14 +454,20 @@ th{background:#eef0f3;font-weight:600}
 .badge{color:#fff;border-radius:3px;padding:1px 6px;font-size:12px;white-space:nowrap}
 span.halt{color:#e03131;font-weight:600}.none{color:#8a93a3}
 footer{margin-top:30px;color:#8a93a3;font-size:12px}
+h3{font-size:15px;margin:14px 0 6px}
+.pending{margin:8px 0 0;padding:8px 12px 8px 28px;background:#fff4e0;border:1px solid #f0c36d;border-radius:6px}
+.tw,.cw{overflow-x:auto;max-width:100%}.tw table{min-width:640px}.cw .chart{min-width:720px}
+.why{white-space:pre-wrap;word-break:break-word;max-width:420px;font-size:12px;color:#8a1f1f}
+.path{font-size:11px;color:#596274;word-break:break-all}
+@media (max-width:700px){main{padding:12px}h1{font-size:20px}.card{min-width:96px}.card b{font-size:18px}}
 """
 
 
-def render_html(d: ReportData) -> str:
+def _header(d: ReportData) -> list[str]:
+    """The morning question first: health and why, what waits for the next fire, what is stranded, the cards."""
     st = d.status
     counts = d.counts()
     window = f"{_utc(d.since)} – {_utc(d.now)} UTC"
-    health = st.health
     cards = [
         (len(d.fires), "fires"), (len(d.cycles), "cycles"), (counts.get("improved", 0), "improved"),
         (counts.get("regressed", 0) + counts.get("failed", 0) + counts.get("crashed", 0), "regressed / failed"),
@@ -396,13 +477,32 @@ def render_html(d: ReportData) -> str:
     last_goal = next((c for c in reversed(d.cycles) if _num(c.entry.get("goals_passing")) is not None), None)
     if last_goal is not None:
         cards.append((f"{last_goal.entry['goals_passing']}/{last_goal.entry.get('goals_total')}", "goals passing"))
+    if d.stranded:
+        cards.append((len(d.stranded), "stranded"))
     card_html = "".join(f'<div class="card"><b>{t(v)}</b><span>{t(k)}</span></div>' for v, k in cards)
     by_result = ", ".join(f"{counts[r]} {r}" for r in [*RESULT_ORDER, *sorted(set(counts) - set(RESULT_ORDER))]
                           if counts.get(r))
     reasons = "".join(f"<li>{t(r)}</li>" for r in st.reasons)
+    waiting = [*d.pending]
+    if d.stranded:
+        waiting.append(f"{len(d.stranded)} stranded work item(s): see Stranded, parked and deferred")
+    return [
+        f'<header id="summary"><h1>evolve — the night in one page</h1><p class="meta">{t(d.repo)} · {t(window)}'
+        f' · generated {t(_utc(d.now))} UTC</p>',
+        f'<div class="health {t(st.health)}">{t(st.health.upper())}</div>'
+        + (f'<ul class="reasons">{reasons}</ul>' if reasons else ""),
+        (f'<ul id="pending" class="pending">{"".join(f"<li>{t(w)}</li>" for w in waiting)}</ul>' if waiting else ""),
+        f'<div class="cards">{card_html}</div>',
+        f'<p class="meta">{t(by_result or "no cycles in this window")}</p></header>',
+    ]
+
+
+def _work_sections(d: ReportData, links_from: Path | None) -> list[str]:
+    st = d.status
     done_rows = [[t(c.entry.get("cycle")), _badge(c.result), t(c.entry.get("target")), t(c.entry.get("work_ref")),
                   t(str(c.entry.get("sha") or c.entry.get("commit_sha") or "")[:12]),
                   t(str(c.entry.get("summary") or "")[:240])] for c in d.done]
+    stranded_rows = [[t(s.get("ref")), t(s.get("title")), t(s.get("what")), t(s.get("since"))] for s in d.stranded]
     parked_rows = [[t(p.get("ref")), t(p.get("title", "")), t(p.get("why")), t(p.get("source", "")),
                     t(p.get("cycle", ""))] for p in d.parked]
     blocked_rows = [[t(b.get("cycle")), t(b.get("timestamp")), t(b.get("reason")), t(b.get("needed_context", ""))]
@@ -410,35 +510,15 @@ def render_html(d: ReportData) -> str:
     marker_rows = [[t(name), t("sticky" if m.sticky else "non-sticky"), t(_dur(m.age_s)), t(m.effect),
                     t(m.content.splitlines()[0] if m.content else "")]
                    for name, m in st.markers.items()]
-    truncated = (f'<p class="meta">{d.truncated} older cycle(s) in the window are not drawn.</p>'
-                 if d.truncated else "")
-    parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
-        "img-src data:; form-action 'none'; base-uri 'none'\">",
-        '<meta name="referrer" content="no-referrer">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>evolve report — {t(d.repo)}</title>",
-        f"<style>{CSS}</style></head><body><main>",
-        f'<header id="summary"><h1>evolve — the night in one page</h1><p class="meta">{t(d.repo)} · {t(window)}'
-        f' · generated {t(_utc(d.now))} UTC</p>',
-        f'<div class="health {t(health)}">{t(health.upper())}</div>'
-        + (f'<ul class="reasons">{reasons}</ul>' if reasons else ""),
-        f'<div class="cards">{card_html}</div>',
-        f'<p class="meta">{t(by_result or "no cycles in this window")}</p></header>',
-        '<section id="timeline-section"><h2>Timeline</h2>',
-        timeline_svg(d),
-        legend(),
-        truncated,
-        "</section>",
-        '<section id="cost-section"><h2>Agent cost</h2>', cost_svg(d), "</section>",
-        '<section id="context-section"><h2>Context occupancy</h2>', context_svg(d), "</section>",
-        '<section id="goals-section"><h2>Goals trajectory</h2>', goals_svg(d), "</section>",
+    cycle_rows = [_cycle_row(c, d.run_logs.get(c.entry.get("cycle")), links_from)  # type: ignore[arg-type]
+                  for c in d.cycles]
+    return [
         '<section id="done"><h2>Work done</h2>',
         _table(["cycle", "result", "target", "work ref", "commit", "summary"], done_rows),
         "</section>",
-        '<section id="parked"><h2>Parked and deferred</h2>',
+        '<section id="parked"><h2>Stranded, parked and deferred</h2>',
+        ('<h3 id="stranded">Stranded: no running fire owns these</h3>'
+         + _table(["ref", "title", "what", "since"], stranded_rows)) if stranded_rows else "",
         _table(["ref", "title", "why", "source", "cycle"], parked_rows),
         "</section>",
         '<section id="state"><h2>Now</h2>',
@@ -451,11 +531,38 @@ def render_html(d: ReportData) -> str:
                [_fire_row(f) for f in d.fires]),
         "</section>",
         '<section id="cycles"><h2>Cycles</h2>',
-        _table(["#", "time (UTC)", "result", "target", "source", "agent", "cost", "ctx", "goals", "note"],
-               [_cycle_row(c) for c in d.cycles]),
+        _table(["#", "time (UTC)", "result", "target", "source", "agent", "cost", "ctx", "goals", "note", "why",
+                "run log"], cycle_rows, cls="cycles"),
         "</section>",
         ('<section id="blocked"><h2>Blocked</h2>'
          + _table(["cycle", "time", "reason", "needed"], blocked_rows) + "</section>") if blocked_rows else "",
+    ]
+
+
+def render_html(d: ReportData, *, links_from: Path | None = None) -> str:
+    """The page. ``links_from``: the directory the report is written to, for relative links to run logs."""
+    truncated = (f'<p class="meta">{d.truncated} older cycle(s) in the window are not drawn.</p>'
+                 if d.truncated else "")
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
+        "img-src data:; form-action 'none'; base-uri 'none'\">",
+        '<meta name="referrer" content="no-referrer">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>evolve report — {t(d.repo)}</title>",
+        f"<style>{CSS}</style></head><body><main>",
+        *_header(d),
+        '<section id="timeline-section"><h2>Timeline</h2>',
+        timeline_svg(d),  # whole at any width: the night at a glance matters more than its labels
+        legend(),
+        truncated,
+        "</section>",
+        # A phone scrolls each chart sideways rather than shrinking its labels past reading.
+        f'<section id="cost-section"><h2>Agent cost</h2><div class="cw">{cost_svg(d)}</div></section>',
+        f'<section id="context-section"><h2>Context occupancy</h2><div class="cw">{context_svg(d)}</div></section>',
+        f'<section id="goals-section"><h2>Goals trajectory</h2><div class="cw">{goals_svg(d)}</div></section>',
+        *_work_sections(d, links_from),
         "<footer>evolve report · self-contained: no scripts, no external assets, nothing fetched.</footer>",
         "</main></body></html>",
     ]
