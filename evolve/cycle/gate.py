@@ -138,6 +138,8 @@ class Gate:
                 "goals_regressed": lost,
                 **goal_fields(pre),
             }
+        if post is not None:
+            goals.accept(post)  # kept: fitness-latest.json now describes this tree (docs/DESIGN.md §6.3)
         head = gitops.head(repo)
         if head and head != start_sha:
             extra["sha"] = head

@@ -14,6 +14,7 @@ from typing import Any
 
 from evolve import redact
 from evolve.report.data import Cycle, FireSpan, ReportData
+from evolve.store.ledger import entry_title
 
 COLORS = {
     "improved": "#2e9e44",
@@ -139,7 +140,7 @@ def timeline_svg(d: ReportData) -> str:
     for c in d.cycles:
         x0, x1 = x(c.start), x(c.end)
         e = c.entry
-        bits = [f"cycle {e.get('cycle')} {c.result}", str(e.get("target") or "")]
+        bits = [f"cycle {e.get('cycle')} {c.result}", entry_title(e) or str(e.get("target") or "")]
         if _num(e.get("duration_s")) is not None:
             bits.append(_dur(_num(e.get("duration_s"))))
         if _num(e.get("cost_usd")) is not None:
@@ -322,7 +323,7 @@ def _cycle_row(c: Cycle) -> list[str]:
     goals = f"{e['goals_passing']}/{e['goals_total']}" if _num(e.get("goals_passing")) is not None else ""
     note = " ".join(str(x) for x in (e.get("error_class"), e.get("disposition"), e.get("milestone")) if x)
     return [
-        t(e.get("cycle")), t(_utc(c.end, "%m-%d %H:%M")), _badge(c.result), t(e.get("target")),
+        t(e.get("cycle")), t(_utc(c.end, "%m-%d %H:%M")), _badge(c.result), t(entry_title(e) or e.get("target")),
         t(e.get("selected_source")), t(_dur(_num(e.get("duration_s")))), "" if cost is None else t(f"${cost:.2f}"),
         "" if pct is None else t(f"{pct:.0f}%"), t(goals), t(note[:200]),
     ]
@@ -388,7 +389,7 @@ def render_html(d: ReportData) -> str:
     by_result = ", ".join(f"{counts[r]} {r}" for r in [*RESULT_ORDER, *sorted(set(counts) - set(RESULT_ORDER))]
                           if counts.get(r))
     reasons = "".join(f"<li>{t(r)}</li>" for r in st.reasons)
-    done_rows = [[t(c.entry.get("cycle")), _badge(c.result), t(c.entry.get("target")), t(c.entry.get("work_ref")),
+    done_rows = [[t(c.entry.get("cycle")), _badge(c.result), t(entry_title(c.entry)), t(c.entry.get("work_ref")),
                   t(str(c.entry.get("sha") or c.entry.get("commit_sha") or "")[:12]),
                   t(str(c.entry.get("summary") or "")[:240])] for c in d.done]
     parked_rows = [[t(p.get("ref")), t(p.get("title", "")), t(p.get("why")), t(p.get("source", "")),
@@ -424,7 +425,7 @@ def render_html(d: ReportData) -> str:
         '<section id="context-section"><h2>Context occupancy</h2>', context_svg(d), "</section>",
         '<section id="goals-section"><h2>Goals trajectory</h2>', goals_svg(d), "</section>",
         '<section id="done"><h2>Work done</h2>',
-        _table(["cycle", "result", "target", "work ref", "commit", "summary"], done_rows),
+        _table(["cycle", "result", "title", "work ref", "commit", "summary"], done_rows),
         "</section>",
         '<section id="parked"><h2>Parked and deferred</h2>',
         _table(["ref", "title", "why", "source", "cycle"], parked_rows),
