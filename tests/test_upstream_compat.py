@@ -132,6 +132,22 @@ def test_a_failed_item_ranks_after_fresh_items_of_its_bucket(tmp_path: Path) -> 
     assert hq.rank_key({**fresh, "severity": "high"}, 9, 0, True) < keys["r"]
 
 
+@pytest.mark.parametrize(("reason", "stamped"), [
+    ("failed", True), ("crashed", True), ("regressed", True), ("scout", False), ("harvested", False),
+    ("interrupted", False), ("improved", False),  # an improved cycle released only when it was context-heavy
+])
+def test_only_a_cycle_that_failed_on_the_item_stamps_failed_at(tmp_path: Path, reason: str, stamped: bool) -> None:
+    path = tmp_path / "next-work.jsonl"
+    path.write_bytes(orjson.dumps(upstream_entry("e1", {"title": "a"}, {"title": "b"})) + b"\n")
+    q = hq.HarvestedQueue(path, repo_names=("repo",))
+    item = q.candidates()[0]
+    q.claim(item, "evolve:cycle-1", "2026-03-09T00:00:00Z")
+    q.release(item, "evolve:cycle-1", "2026-03-09T00:01:00Z", reason)
+    (line,) = jsonl(path)
+    assert ("failed_at" in line["items"][0]) is stamped and line["items"][0]["claim_status"] == "available"
+    assert picks(tmp_path, line) == (["b", "a"] if stamped else ["a", "b"])
+
+
 def test_a_released_item_does_not_starve_fresh_work(env: Env, cli) -> None:
     env.queue(upstream_entry("e1", {"title": "flaky", "severity": "high"}, {"title": "steady", "severity": "low"}))
     env.steps([{"report": {"result": "failed", "error_class": "transient", "error": "boom"}}, improved_step()])

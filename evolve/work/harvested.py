@@ -55,6 +55,7 @@ from typing import Any
 import orjson
 
 from evolve import redact
+from evolve.results import FAILURES, CycleResult
 from evolve.store import inplace
 from evolve.store.atomic import create_temp
 from evolve.store.dirfd import NOFOLLOW, is_link, open_dir
@@ -78,6 +79,7 @@ from evolve.work.item import ClaimLost, LazyItems, SourceError, WorkItem, fast_c
 CONCRETE = ("bug", "tech-debt", "improvement", "feature", "pattern-fix", "task")
 PROCESS = ("process-improvement", "docs", "chore")
 SEVERITY = {"high": 0, "medium": 1, "low": 2}
+RETRY_REASONS = FAILURES | {CycleResult.REGRESSED}  # a release for these stamps failed_at
 
 _ITEM_BITS = 32  # file order of item ``ii`` of line ``li``: ``li << _ITEM_BITS | ii``
 _LOW = (1 << _ITEM_BITS) - 1
@@ -627,8 +629,13 @@ class HarvestedQueue:
         self._update(item, _claimed_by(claimer), done, then=whole_entry)
 
     def release(self, item: WorkItem, claimer: str | None, now: str, reason: str) -> None:
+        """Back to the queue; ``failed_at`` is stamped only when the cycle failed on it (``reason`` is
+        failed, crashed or regressed): it ranks the item after fresh work (:func:`rank_key`), which a
+        hand-back for a heavy context, a scout or an interruption must not do."""
         fields = {"consumed": False, "claim_status": "available", "claimed_by": None, "claimed_at": None}
-        self._update(item, _claimed_by(claimer), {**fields, "failed_at": now})
+        if reason in RETRY_REASONS:
+            fields["failed_at"] = now
+        self._update(item, _claimed_by(claimer), fields)
 
     def annotate(self, item: WorkItem, now: str, **fields: Any) -> None:
         """Set scout outcome fields (``disposition``, ``status``, ``split_into``) on an open item."""
