@@ -83,7 +83,7 @@ EDITOR = textwrap.dedent("""
                     continue
                 n = int(w.title.rsplit("-", 1)[1])
                 if n % 2:
-                    q.release(w, "p2", "2026-01-01T00:00:01Z", "test")
+                    q.release(w, "p2", "2026-01-01T00:00:01Z", "failed")
                 else:
                     q.finalize(w, "p2", "2026-01-01T00:00:01Z")
                 done[w.title] = n % 2
@@ -102,7 +102,7 @@ def _edit_one(q: HarvestedQueue, prefixes: tuple[str, ...], done: dict[str, int]
                 continue
             n = int(w.title.rsplit("-", 1)[1])
             if n % 2:
-                q.release(w, "p1", "2026-01-01T00:00:01Z", "test")
+                q.release(w, "p1", "2026-01-01T00:00:01Z", "failed")
             else:
                 q.finalize(w, "p1", "2026-01-01T00:00:01Z")
             done[w.title] = n % 2
