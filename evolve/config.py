@@ -12,13 +12,14 @@ import dataclasses
 import shlex
 import tomllib
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from evolve import redact
 from evolve.childenv import valid_name
 from evolve.errors import ConfigError
 
@@ -262,7 +263,55 @@ def _check(value: Any, tp: Any, where: str, key: str) -> Any:
     raise bad()  # pragma: no cover - every field type is listed above
 
 
+# Words only a shell understands: as argv[0] they name no program, so the command cannot start.
+SHELL_ONLY = frozenset(
+    [
+        "exit", "return", "cd", "source", ".", "export", "unset", "set", "eval", "exec", "alias", "declare",
+        "local", "readonly", "shift", "trap", "ulimit", "umask", "wait", "let", "if", "then", "else", "elif",
+        "fi", "for", "while", "until", "do", "done", "case", "esac", "function", "{", "}", "(", ")", "!", "[[",
+        "]]", "((",
+    ]
+)
+SHELL_OPERATORS = frozenset(";|&<>") | {"&&", "||", ">>", "2>&1", ";;", "$("}
+
+
+def shell_syntax(argv: Sequence[str], *, command_line: bool = False) -> str | None:
+    """Why ``argv`` is shell syntax evolve cannot start (it runs no shell), or None.
+
+    ``command_line``: ``argv`` was split from one string, so a lone operator token (``&&``, ``|``,
+    ``>``) is shell syntax too; in the argv form such a token is an argument like any other.
+    """
+    if not argv:
+        return None
+    first = argv[0]
+    if first in SHELL_ONLY:
+        return f"{first!r} is shell syntax, not a program"
+    if "=" in first and "/" not in first.split("=", 1)[0]:
+        return f"{first!r} is a shell variable assignment, not a program"
+    if command_line:
+        op = next((t for t in argv if t in SHELL_OPERATORS or t.startswith(("$(", "`"))), None)
+        if op is not None:
+            return f"{op!r} is a shell operator"
+    return None
+
+
+def _governor_check(argv: Sequence[str], where: str, *, command_line: bool = False) -> None:
+    """EVOLVE_GOVERNOR_CMD in shell syntax fails loudly at load: at run time it could only fail to
+    start, and Step 1 would go on as if no governor were configured (docs/DESIGN.md §4.1)."""
+    why = shell_syntax(argv, command_line=command_line)
+    if why is None:
+        return
+    shown = redact.current().text(" ".join(argv))[:120]  # a command line may carry a token
+    example = orjson.dumps(["bash", "-c", shown]).decode()
+    raise ConfigError(
+        f"{where}: halt.governor_cmd {shown!r}: {why}, and evolve runs no shell; give a program and "
+        f"its arguments, e.g. EVOLVE_GOVERNOR_CMD='{example}' (or governor_cmd = {example} in [halt])"
+    )
+
+
 def _validate_ranges(section: str, key: str, value: Any, where: str) -> None:
+    if (section, key) == ("halt", "governor_cmd"):
+        _governor_check(value, where)
     if key == "pass_env":
         bad = [name for name in value if not valid_name(name)]
         if bad:
@@ -290,9 +339,11 @@ def _parse_env_value(raw: str, tp: Any, name: str, section: str, key: str) -> An
     if (section, key) == ("halt", "governor_cmd") and not _json_string_list(raw):
         # EVOLVE_GOVERNOR_CMD is historically a command line; split it, never hand it to a shell.
         try:
-            return shlex.split(raw)
+            argv = shlex.split(raw)
         except ValueError as exc:
             raise ConfigError(f"env {name}: {section}.{key}: cannot split command line: {exc}") from exc
+        _governor_check(argv, f"env {name}", command_line=True)
+        return argv
     if tp is bool:
         low = raw.strip().lower()
         if low in ("1", "true", "yes", "on"):

@@ -89,6 +89,7 @@ TEMPLATE = """\
 [halt]
 # kill_ttl_days = 7          # hand-written KILL/STOP older than this are ignored (evolve stop/kill: no TTL)
 # governor_cmd = []          # argv; exit 3 halts with governor_budget_burned (EVOLVE_GOVERNOR_CMD)
+#                            # never a shell: ["bash", "-c", "exit 3"], not "exit 3" (refused at load)
 # timeout_s = 30             # governor timeout (EVOLVE_HALT_TIMEOUT)
 # pass_env = []              # extra env names for the governor (e.g. the key it reads spend with)
 

@@ -40,6 +40,14 @@ class Paths:
     evolve_dir: Path
     nextwork: Path
     global_kill: Path
+    # ``~/.config/evolve/KILL`` when XDG_CONFIG_HOME points elsewhere: upstream tooling and operators
+    # write the global KILL there whatever XDG says, so both halt (SPEC §2); None when it is the same file.
+    home_kill: Path | None = None
+
+    @property
+    def global_kills(self) -> tuple[Path, ...]:
+        """Every global KILL path, the XDG one first."""
+        return (self.global_kill,) if self.home_kill is None else (self.global_kill, self.home_kill)
 
     @classmethod
     def for_repo(cls, repo: Path, env: Mapping[str, str] | None = None) -> Paths:
@@ -49,11 +57,15 @@ class Paths:
         nextwork = Path(env.get("EVOLVE_NEXTWORK") or ".agents/rpi/next-work.jsonl")
         xdg = env.get("XDG_CONFIG_HOME") or str(Path(env.get("HOME") or Path.home()) / ".config")
         nextwork = operator_root(nextwork.parent, repo) / nextwork.name
+        global_kill = operator_root(Path(xdg) / "evolve", repo) / "KILL"  # ~/.config may be a link
+        home = Path(env.get("HOME") or Path.home()) / ".config" / "evolve"
+        home_kill = operator_root(home, repo) / "KILL"
         return cls(
             repo=repo,
             evolve_dir=operator_root(evolve_dir, repo),
             nextwork=nextwork,
-            global_kill=operator_root(Path(xdg) / "evolve", repo) / "KILL",  # ~/.config may be a link
+            global_kill=global_kill,
+            home_kill=home_kill if home_kill != global_kill else None,
         )
 
     def _e(self, name: str) -> Path:

@@ -50,7 +50,7 @@ def test_parse_rejects_other_shapes(raw):
         parse_ready(raw)
 
 
-@pytest.mark.parametrize("raw", [b"", b"   ", b"[{", b"not json", b"Error: no .beads directory", b"\xff\xfe[]",
+@pytest.mark.parametrize("raw", [b"[{", b"not json", b"Error: no .beads directory", b"\xff\xfe[]",
                                  b"[1,]"])
 def test_parse_rejects_invalid_json(raw):
     with pytest.raises(SourceError, match="invalid JSON"):
@@ -103,7 +103,7 @@ def test_rank_keeps_other_and_malformed_labels():
     assert ids(rank(beads)) == ["a", "b", "c"]
 
 
-def test_rank_orders_priority_created_at_id():
+def test_rank_orders_priority_then_the_trackers_order():
     beads = [
         {"id": "z", "priority": 2, "created_at": "2024-01-01T00:00:00Z"},
         {"id": "no-prio", "created_at": "2020-01-01T00:00:00Z"},
@@ -115,15 +115,16 @@ def test_rank_orders_priority_created_at_id():
         {"id": "p4", "priority": 4, "created_at": "2018-01-01T00:00:00Z"},
         {"id": "y", "priority": 2, "created_at": "2023-01-01T00:00:00Z"},
     ]
-    # priority asc (0 = critical), missing or non-integer priority last; then created_at; then id.
-    assert ids(rank(beads)) == ["c", "a", "b", "y", "z", "p4", "bool-prio", "str-prio", "no-prio"]
+    # priority asc (0 = critical), missing or non-integer priority last; equal priorities as the tracker
+    # listed them (``bd ready`` ranks its own answer; neither created_at nor the id reorders it).
+    assert ids(rank(beads)) == ["b", "a", "c", "z", "y", "p4", "no-prio", "str-prio", "bool-prio"]
 
 
-def test_rank_is_deterministic_whatever_the_input_order():
+def test_rank_is_stable_within_a_priority():
     beads = [{"id": f"bd-{i}", "priority": i % 3, "created_at": f"2024-01-0{i % 5 + 1}"} for i in range(12)]
-    want = ids(rank(beads))
-    assert ids(rank(list(reversed(beads)))) == want
-    assert ids(rank(beads[5:] + beads[:5])) == want
+    for order in (beads, list(reversed(beads)), beads[5:] + beads[:5]):
+        want = [b["id"] for p in range(3) for b in order if b["priority"] == p]
+        assert ids(rank(order)) == want
 
 
 def test_rank_numeric_ids_compare_as_text():
@@ -197,8 +198,8 @@ def test_parse_rank_to_item_pipeline():
         {"title": "no id", "priority": 0},
     ]})
     items = [to_item(b) for b in rank(parse_ready(raw))]
-    assert [(i.ref, i.type, i.severity) for i in items] == [("bead:bd-2", "gate-fix", "high"),
-                                                           ("bead:bd-3", "task", "high")]
+    assert [(i.ref, i.type, i.severity) for i in items] == [("bead:bd-3", "task", "high"),
+                                                           ("bead:bd-2", "gate-fix", "high")]
 
 
 # -- resolve_command ------------------------------------------------------------------------------

@@ -77,7 +77,8 @@ def _wait_for(pred, timeout: float = 20.0) -> None:
 
 
 def test_sigkilled_fire_is_reconciled_by_the_next(env: Env, cli) -> None:
-    env.queue(entry("alpha", "beta"))
+    # One item: a released claim stamps failed_at, and a fresh item would go first (docs/DESIGN.md §6.1).
+    env.queue(entry("alpha"))
     # Step 1 hangs after spawning a child that would outlive it; step 2 improves.
     env.steps([{"spawn_sleeper": 300, "hang": True}, improved_step()])
     fire = subprocess.Popen([sys.executable, "-m", "evolve", "--repo", str(env.repo), "fire"],

@@ -138,8 +138,11 @@ def test_legacy_env_beats_toml() -> None:
 
 
 def test_governor_cmd_split_without_a_shell() -> None:
-    cmd = resolve(env={"EVOLVE_GOVERNOR_CMD": "sh -c 'exit 3' ; rm -rf / $(id) `x` | y && z > f"}).halt.governor_cmd
-    assert cmd == ["sh", "-c", "exit 3", ";", "rm", "-rf", "/", "$(id)", "`x`", "|", "y", "&&", "z", ">", "f"]
+    cmd = resolve(env={"EVOLVE_GOVERNOR_CMD": "sh -c 'exit 3; rm -rf / $(id) `x` | y && z > f'"}).halt.governor_cmd
+    assert cmd == ["sh", "-c", "exit 3; rm -rf / $(id) `x` | y && z > f"]
+    # shell syntax outside the quoted argument cannot start without a shell: refused at load, naming why
+    msg = error(env={"EVOLVE_GOVERNOR_CMD": "sh -c 'exit 3' ; rm -rf / $(id) `x` | y && z > f"})
+    assert "';' is a shell operator" in msg and "evolve runs no shell" in msg
     # a JSON array is taken as the argv as is
     assert resolve(env={"EVOLVE_GOVERNOR_CMD": '["my gov", "--x"]'}).halt.governor_cmd == ["my gov", "--x"]
     assert resolve(env={"EVOLVE_HALT_GOVERNOR_CMD": "a 'b c'"}).halt.governor_cmd == ["a", "b c"]

@@ -200,7 +200,7 @@ def test_restorative_mode_only_takes_red_reducing_work(env: Env, cli) -> None:
     _ledger_with(env, {"cycle": 1, "result": "regressed", "gate": "FAIL"})
     r = cli("fire", "--cycles", "1")
     assert "restorative" in r.names()
-    assert env.ledger()[-1]["target"] == "fix the build"
+    assert env.ledger()[-1]["title"] == "fix the build"
     assert "restorative" in env.calls()[0]["prompt"]
 
 

@@ -418,6 +418,8 @@ def goals_md(draw: st.DrawFn) -> str:
         if kind == "table":
             cols = draw(st.permutations(["ID", "Check", "Weight", "Description", "Tags", "Type"]))[
                 : draw(st.integers(2, 6))]
+            if draw(st.integers(0, 3)):  # mostly the gates table (only it holds goals), sometimes any table
+                out.append(draw(st.sampled_from(["## Gates", "## gates", "## Gates ##"])))
             out.append("| " + " | ".join(cols) + " |")
             out.append("|" + "---|" * len(cols))
             for _ in range(draw(st.integers(0, 3))):
@@ -481,15 +483,25 @@ def test_goals_md_only_goals_error(text: str | bytes) -> None:
     ("GOALS.yaml", "version: 1\ngoals:\n  - id: a\n    check: x\n    weight: '" + "1" * 5000 + "'\n"),
     ("GOALS.yaml", "[" * 2000),
     ("GOALS.md", "## Directives\n### " + "1" * 5000 + ". t\n"),
-    ("GOALS.md", "| ID | Check | Weight |\n|---|---|---|\n| a | x | " + "1" * 5000 + " |\n"),
 ], ids=["bad-date-version", "bad-date-field", "superscript-version", "long-weight-yaml", "deep-nesting",
-        "long-directive-number", "long-weight-md"])
+        "long-directive-number"])
 def test_goals_found_by_the_fuzzers_are_goals_errors(name: str, text: str) -> None:
     """These escaped load_goals as ValueError/RecursionError (PyYAML dates, int() digit limit, '²', nesting)."""
     with tmpdir() as d:
         (d / name).write_text(text, encoding="utf-8")
         with pytest.raises(GoalsError, match="unusable content"):
             load_goals(d)
+
+
+def test_a_markdown_weight_too_long_for_int_costs_its_row_the_default_weight() -> None:
+    """It escaped as ValueError (int() digit limit); now, like any bad weight, it gets weight 5 and a warning."""
+    with tmpdir() as d:
+        table = "## Gates\n| ID | Check | Weight |\n|---|---|---|\n"
+        (d / "GOALS.md").write_text(table + "| a | x | " + "1" * 5000 + " |\n")
+        gf = load_goals(d)
+        assert gf is not None and [(g.id, g.weight) for g in gf.goals] == [("a", 5)]
+        (w,) = gf.warnings
+        assert "weight is no integer 1-10; default weight 5 used" in w and len(w) < 400
 
 
 # -- agent stream-json ---------------------------------------------------------------------------
@@ -783,12 +795,12 @@ def test_hostile_titles_never_reach_a_shell_and_round_trip(env: Env, cli) -> Non
     assert r.code == 0, r.stderr
     assert not canary.exists() and not (env.repo / "CANARY").exists() and not list(env.repo.rglob("PWNED*"))
 
-    # The ledger round-trips each title exactly (the ref is the raw title); the target is a clean line.
+    # The ledger round-trips each title exactly (the ref is the raw title); the title is a clean line.
     ledger = env.ledger()
     assert [e["result"] for e in ledger] == ["improved"] * len(titles)
     assert sorted(e["work_ref"] for e in ledger) == sorted(f"source_epic=e-{n}:item={t}" for n, t in titles.items())
     for e in ledger:
-        assert not controls_in(e["target"]) and e["target"].strip()
+        assert not controls_in(e["title"]) and e["title"].strip()
     # The queue keeps every hostile field byte for byte; only the claim fields changed.
     after = {e["source_epic"]: e for e in live(env.paths.nextwork)}  # (claimed lines moved to the end)
     assert len(after) == len(before.splitlines())

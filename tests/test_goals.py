@@ -127,11 +127,12 @@ def test_markdown_v4_directives_and_gates_table(tmp_path: Path) -> None:
     assert lint.check == "ruff check . `x`" and lint.description == "lint" and lint.weight == 10
 
 
-def test_markdown_table_under_any_heading_and_case_insensitive_header(tmp_path: Path) -> None:
+def test_markdown_gates_header_is_case_insensitive(tmp_path: Path) -> None:
     _write(tmp_path, "GOALS.md", """
         Mission only.
 
-        ### Fitness gates
+        ## Gates
+        The table follows.
         | id | CHECK | weight | description | tags |
         | --- | --- | --- | --- | --- |
         | a | true | 1 | A | |
@@ -231,16 +232,18 @@ BAD_YAML = {
                                                                                     "threshold": "x"}}]}),
 }
 
-_HDR = "| ID | Check | Weight | Description | Tags |\n|---|---|---|---|---|\n"
-BAD_MD = {
-    "too few columns": _HDR + "| a | true | 5 | A |\n",
-    "too many columns": _HDR + "| a | true | 5 | A | t | extra |\n",
-    "weight not int": _HDR + "| a | true | five | A | |\n",
-    "weight out of range": _HDR + "| a | true | 0 | A | |\n",
-    "duplicate ids": _HDR + "| a | true | 5 | A | |\n| a | false | 5 | A2 | |\n",
-    "missing check": _HDR + "| a |  | 5 | A | |\n",
-    "blank code check": _HDR + "| a | ` ` | 5 | A | |\n",
-    "missing id": _HDR + "|  | true | 5 | A | |\n",
+_HDR = "## Gates\n\n| ID | Check | Weight | Description | Tags |\n|---|---|---|---|---|\n"
+# A bad row costs that row only (upstream's leniency): (goals kept as (id, check, weight), warning or None).
+BAD_MD: dict[str, tuple[str, list[tuple[str, str, int]], str | None]] = {
+    "too few columns": (_HDR + "| a | true | 7 | A |\n", [("a", "true", 7)], None),
+    "too many columns": (_HDR + "| a | true | 5 | A | t | extra |\n", [], "row has 6 cells, the header 5; skipped"),
+    "weight not int": (_HDR + "| a | true | five | A | |\n", [("a", "true", 5)], "default weight 5 used"),
+    "weight out of range": (_HDR + "| a | true | 0 | A | |\n", [("a", "true", 5)], "default weight 5 used"),
+    "duplicate ids": (_HDR + "| a | true | 6 | A | |\n| a | false | 5 | A2 | |\n", [("a", "true", 6)],
+                      "goal 'a' already defined; row skipped"),
+    "missing check": (_HDR + "| a |  | 5 | A | |\n", [], "missing check; row skipped"),
+    "blank code check": (_HDR + "| a | ` ` | 5 | A | |\n", [], "missing check; row skipped"),
+    "missing id": (_HDR + "|  | true | 5 | A | |\n", [], "missing id; row skipped"),
 }
 
 
@@ -255,12 +258,18 @@ def test_malformed_yaml_is_a_goals_error_naming_the_file(tmp_path: Path, case: s
 
 
 @pytest.mark.parametrize("case", sorted(BAD_MD))
-def test_malformed_markdown_is_a_goals_error_naming_the_file(tmp_path: Path, case: str) -> None:
-    (tmp_path / "GOALS.md").write_text("# Goals\n\n## Gates\n\n" + BAD_MD[case])
-    with pytest.raises(GoalsError) as exc:
-        load_goals(tmp_path)
-    msg = str(exc.value)
-    assert str(tmp_path / "GOALS.md") in msg and "\n" not in msg
+def test_a_bad_markdown_row_costs_that_row_only(tmp_path: Path, case: str) -> None:
+    text, kept, warning = BAD_MD[case]
+    good = "| z | exit 1 | 9 | Z | |\n"  # a healthy row after the bad one is still a goal
+    (tmp_path / "GOALS.md").write_text("# Goals\n\n" + text + good)
+    gf = load_goals(tmp_path)
+    assert gf is not None
+    assert [(g.id, g.check, g.weight) for g in gf.goals] == [*kept, ("z", "exit 1", 9)]
+    if warning is None:
+        assert gf.warnings == ()
+    else:
+        (w,) = gf.warnings
+        assert w.startswith(f"{tmp_path / 'GOALS.md'}: line ") and warning in w and "\n" not in w
 
 
 def test_yml_error_names_the_yml_file(tmp_path: Path) -> None:

@@ -164,7 +164,7 @@ def test_harvested_outranks_goals(env: Env, cli) -> None:
     env.queue(entry("queue first"))
     cli("fire", "--cycles", "1")
     e = env.ledger()[-1]
-    assert e["target"] == "queue first"
+    assert e["title"] == "queue first"
     # Goals are still measured before and after the cycle: the regression gate needs both.
     assert len((env.root / "counter").read_text().splitlines()) == 2
     assert (e["goals_passing"], e["goals_total"]) == (1, 3)

@@ -80,7 +80,7 @@ def test_malformed_queue_lines_are_skipped_and_preserved(env: Env, cli) -> None:
     assert e["items"][0]["claim_status"] == "consumed" and e["consumed"] is True
     flat = next(x for x in live(env.paths.nextwork) if "mystery" in x)
     assert flat["mystery"] == 1 and flat["claim_status"] == "consumed"
-    assert [x["target"] for x in env.ledger()] == ["a", "legacy flat row"]
+    assert [x["title"] for x in env.ledger()] == ["a", "legacy flat row"]
 
 
 def test_hostile_title_never_reaches_a_shell(env: Env, cli) -> None:

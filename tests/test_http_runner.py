@@ -315,7 +315,10 @@ def test_a_corrupt_session_file_is_rebuilt(env: Env, server: FakeOpenAI) -> None
 def test_fire_continuation_then_stale_return(env: Env, server: FakeOpenAI, fire_inproc) -> None:
     """Through the real mode decision: a failed cycle is continued on the same item; a new item starts fresh."""
     env.write_config(agent={"runner": "http", "base_url": server.url, "model": "m"})
-    env.queue(entry("alpha", "beta"))
+    queued = entry("alpha", "beta")
+    # beta failed before: alpha's retry then still comes first (a fresh item would: docs/DESIGN.md §6.1)
+    queued["items"][1]["failed_at"] = "2026-01-01T00:00:00Z"
+    env.queue(queued)
     server.reply(reply(BAD_DIFF, pad="attempt one"))
     server.reply(reply(NEW_FILE_DIFF))
     server.reply(reply(result="unchanged"))

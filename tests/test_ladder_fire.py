@@ -133,7 +133,7 @@ def test_a_new_harvested_item_clears_dormant(env: Env, cli) -> None:
     env.queue(entry("fresh work"))
     r = cli("fire", "--cycles", "1")
     assert "dormant.cleared" in r.names()
-    assert env.ledger()[-1]["target"] == "fresh work"
+    assert env.ledger()[-1]["title"] == "fresh work"
 
 
 def test_loop_mode_never_writes_dormant(env: Env, cli) -> None:
@@ -182,7 +182,7 @@ def test_generators_feed_the_harvested_rung_with_dedup(env: Env, cli) -> None:
     assert [i["title"] for i in items] == ["Generated: add tests"]
     assert items[0]["source"] == "evolve-generator"
     e = env.ledger()[-1]
-    assert e["selected_source"] == "harvested" and e["target"] == "Generated: add tests"
+    assert e["selected_source"] == "harvested" and e["title"] == "Generated: add tests"
     # A second fire finds the item consumed and the generator's output all duplicates: an empty pass.
     r = cli("fire", "--cycles", "1")
     lines = live(env.paths.nextwork)
@@ -198,7 +198,7 @@ def test_scout_defer_moves_on_to_the_next_candidate_in_the_same_cycle(env: Env, 
     ledger = env.ledger()
     assert len(ledger) == 1
     e = ledger[0]
-    assert (e["cycle"], e["result"], e["target"]) == (1, "improved", "small one")
+    assert (e["cycle"], e["result"], e["title"]) == (1, "improved", "small one")
     assert e["scouted"] == [{"ref": "source_epic=e1:item=too big", "disposition": "defer:needs a design"}]
     items = live(env.paths.nextwork)[0]["items"]
     assert items[0]["disposition"] == "defer:needs a design" and items[0]["claim_status"] == "available"
@@ -223,7 +223,7 @@ def test_scout_split_queues_children_and_park_blocks(env: Env, cli) -> None:
     # The cycle went on: "other" was parked, then the first child (file order breaks the tie) landed.
     assert lines[0]["items"][1]["status"] == "blocked"
     e = env.ledger()[-1]
-    assert e["result"] == "improved" and e["target"] == "child one"
+    assert e["result"] == "improved" and e["title"] == "child one"
     assert [s["disposition"] for s in e["scouted"]] == ["split", "park: needs operator"]
 
 
@@ -266,7 +266,7 @@ def test_metronome_hard_block_and_rescope(env: Env, cli) -> None:
     r = cli("fire", "--cycles", "1")
     e = env.ledger()[-1]
     assert (e["selected_source"], e["result"]) == ("directive", "improved")
-    assert e["target"] == "Stop templating; write the missing integration test"
+    assert e["title"] == "Stop templating; write the missing integration test"
     assert not env.paths.rescope.exists() and "rescope.consumed" in r.names()
 
 
@@ -315,7 +315,7 @@ def test_quality_flag_takes_findings_first_and_claims_as_quality(env: Env, cli) 
     env.queue(entry("low chore", type="chore", severity="low"), entry("high finding", epic="e2", severity="high"))
     r = cli("fire", "--cycles", "1", "--quality")
     assert r.code == 0, r.stderr
-    assert env.ledger()[-1]["target"] == "high finding"
+    assert env.ledger()[-1]["title"] == "high finding"
     lines = live(env.paths.nextwork)
     (e2,) = [e for e in lines if e["source_epic"] == "e2"]
     assert e2["items"][0]["consumed_by"] == "evolve-quality:cycle-1"

@@ -83,7 +83,7 @@ EDITOR = textwrap.dedent("""
                     continue
                 n = int(w.title.rsplit("-", 1)[1])
                 if n % 2:
-                    q.release(w, "p2", "2026-01-01T00:00:01Z", "test")
+                    q.release(w, "p2", "2026-01-01T00:00:01Z", "failed")
                 else:
                     q.finalize(w, "p2", "2026-01-01T00:00:01Z")
                 done[w.title] = n % 2
@@ -102,7 +102,7 @@ def _edit_one(q: HarvestedQueue, prefixes: tuple[str, ...], done: dict[str, int]
                 continue
             n = int(w.title.rsplit("-", 1)[1])
             if n % 2:
-                q.release(w, "p1", "2026-01-01T00:00:01Z", "test")
+                q.release(w, "p1", "2026-01-01T00:00:01Z", "failed")
             else:
                 q.finalize(w, "p1", "2026-01-01T00:00:01Z")
             done[w.title] = n % 2
@@ -237,7 +237,7 @@ def test_evolve_fires_and_three_appenders_lose_nothing(env: Env) -> None:
     improved = [e for e in env.ledger() if e["result"] == "improved"]
     assert len(improved) == fires
     consumed = {i["title"] for i in items if i.get("claim_status") == "consumed"}
-    assert {e["target"] for e in improved} <= consumed  # every fire's claim and finalize applied
+    assert {e["title"] for e in improved} <= consumed  # every fire's claim and finalize applied
     assert not [i for i in items if i.get("claim_status") == "in_progress"]
     by_title = {i["title"]: i for i in items}
     for title, released in done.items():

@@ -186,7 +186,7 @@ def test_a_scout_split_is_bounded_too(env: Env, cli) -> None:
     assert [k["title"] for k in kids] == ["child 0", "child 1"]
     assert kids[0]["claim_status"] == "consumed"  # taken and landed by this fire, not pre-consumed
     assert "claimed_by" not in kids[1] and "consumed" not in kids[1] and "status" not in kids[1]
-    assert env.ledger()[-1]["target"] == "child 0"
+    assert env.ledger()[-1]["title"] == "child 0"
 
 
 def test_a_pre_consumed_proposal_is_queued_available_and_worked_next(env: Env, cli) -> None:
@@ -196,7 +196,7 @@ def test_a_pre_consumed_proposal_is_queued_available_and_worked_next(env: Env, c
     assert r.code == 0, r.stderr
     ledger = env.ledger()
     assert [e["result"] for e in ledger] == ["improved", "improved"]
-    assert ledger[1]["target"] == "sneaky"  # it was selectable: the agent's lifecycle fields were dropped
+    assert ledger[1]["title"] == "sneaky"  # it was selectable: the agent's lifecycle fields were dropped
     _, item = queue_items(env)
     assert item["consumed_by"].startswith("evolve") and item["claimed_by"].startswith("evolve")
     assert "disposition" not in item and "status" not in item and "failed_at" not in item
@@ -250,7 +250,7 @@ def test_a_fire_takes_over_a_stale_foreign_claim_but_not_a_fresh_one(env: Env, c
     env.steps([improved_step()], loop=True)
     r = cli("fire", "--cycles", "2")
     assert r.code == 0, r.stderr
-    targets = [e["target"] for e in env.ledger()]
+    targets = [e.get("title") for e in env.ledger()]
     assert targets[0] == "stale" and "fresh" not in targets  # "fresh" is still held by the other tool
     fresh, stale = queue_items(env)
     assert fresh["claim_status"] == "in_progress" and fresh["claimed_by"] == "other-tool"

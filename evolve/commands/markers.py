@@ -111,11 +111,11 @@ def run_resume(args: argparse.Namespace) -> int:
     from evolve.store.markers import remove_marker
 
     paths = Paths.for_repo(repo_of(args))
-    targets = [paths.stop] + ([paths.kill, paths.global_kill] if args.kill else [])
+    targets = [paths.stop] + ([paths.kill, *paths.global_kills] if args.kill else [])
     for t in targets:
         print(f"removed {t}" if remove_marker(t) else f"absent  {t}")
     if not args.kill:
-        for k in (paths.kill, paths.global_kill):
+        for k in (paths.kill, *paths.global_kills):
             if k.exists():
                 print(f"note: {k} is present; it is removed only with `evolve resume --kill`")
     return exitcodes.OK

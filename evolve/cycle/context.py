@@ -66,7 +66,7 @@ class FireContext:
             cycle=cycle,
             result=result,
             timestamp=timestamp or utc_iso(self.clock()),
-            target=item.title,
+            title=item.title,
             source=source,
             work_ref=item.ref,
             mode=mode,

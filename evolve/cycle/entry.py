@@ -13,24 +13,29 @@ def base_entry(
     cycle: int,
     result: str,
     timestamp: str,
-    target: str,
+    title: str,
     source: str,
     work_ref: str | None,
     mode: str,
     session_id: str | None,
     fire_id: str,
 ) -> dict[str, Any]:
-    return {
+    """The fields every entry has. ``target`` is the work ref (SPEC §3: upstream's one-liners select
+    on it), ``idle`` when there is none; the item's title has its own field, ``title``."""
+    out: dict[str, Any] = {
         "cycle": cycle,
         "result": result,
         "timestamp": timestamp,
-        "target": target,
+        "target": work_ref or "idle",
         "selected_source": source,
         "work_ref": work_ref,
         "mode": mode,
         "session_id": session_id,
         "fire_id": fire_id,
     }
+    if title and title != "idle":
+        out["title"] = title
+    return out
 
 
 def agent_fields(report: AgentReport, reading: ContextReading | None) -> dict[str, Any]:

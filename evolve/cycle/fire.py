@@ -609,7 +609,7 @@ class Fire:
             cycle=facts.cycle,
             result=facts.result,
             timestamp=utc_iso(facts.now),
-            target=item.title,
+            title=item.title,
             source=item.source,
             work_ref=item.ref,
             mode=facts.mode,

@@ -184,6 +184,10 @@ class Gate:
             return landed[0], {**extra, **landed[1], **goal_fields(pre)}
         if landed is not None:
             extra.update(landed[1])
+        if post is not None and extra.get("landed") is not False:
+            # Kept and on the branch: fitness-latest.json now describes the tree as it stands (§6.3).
+            # A change held pending has not landed yet, so the standing measurement stays as it was.
+            goals.accept(post)
         if self.cfg.gate.commands or post is not None:
             extra["gate"] = "PASS"
         return result, {**extra, **goal_fields(post or pre)}

@@ -68,6 +68,8 @@ def goal_drop(tail: Sequence[dict[str, Any]]) -> tuple[int, str] | None:
 
     Only entries with the same ``goals_total`` (and the same ``goals_era`` when both carry one)
     are comparable, so a GOALS edit or a single-goal re-measure never reads as a regression.
+    ``cycle`` is the dropping entry's cycle; upstream writers may leave it out, and then it is
+    :func:`drop_cycle` of the tail, so the drop still counts as newer than any acknowledged one.
     """
     carrying = [e for e in tail if _count(e.get("goals_passing")) and _count(e.get("goals_total"))]
     if len(carrying) < 2:
@@ -79,14 +81,29 @@ def goal_drop(tail: Sequence[dict[str, Any]]) -> tuple[int, str] | None:
         return None
     if last["goals_passing"] >= prev["goals_passing"]:
         return None
-    cycle = last.get("cycle") if isinstance(last.get("cycle"), int) else 0
-    return cycle, f"goals passing fell {prev['goals_passing']} -> {last['goals_passing']} of {last['goals_total']}"
+    fell = f"goals passing fell {prev['goals_passing']} -> {last['goals_passing']} of {last['goals_total']}"
+    return drop_cycle(tail, last), fell
+
+
+def drop_cycle(tail: Sequence[dict[str, Any]], last: dict[str, Any]) -> int:
+    """The cycle a drop is acknowledged by: the entry's own ``cycle``; without one (rows upstream
+    wrote), one more than the newest numbered entry before it — the cycle evolve numbers next — so
+    the drop counts as newer than any acknowledgement before it, an ``ACK-REGRESSION`` records it,
+    and the cycles evolve appends afterwards do not move it."""
+    own = last.get("cycle")
+    if _count(own):
+        return int(own)
+    before = tail[: next(i for i, e in enumerate(tail) if e is last)]
+    return max((int(e["cycle"]) for e in before if _count(e.get("cycle"))), default=0) + 1
 
 
 def is_red(entry: dict[str, Any] | None) -> bool:
+    """The last cycle was red, in either dialect: evolve's ``regressed`` or ``gate: FAIL``, or an
+    upstream writer's ``result`` naming ``FAIL`` or ``BLOCKED`` (e.g. ``"FAIL: tests"``)."""
     if not entry:
         return False
-    if entry.get("result") == "regressed":
+    result = entry.get("result")
+    if result == "regressed" or (isinstance(result, str) and _RED.search(result)):
         return True
     gate = entry.get("gate")
     return isinstance(gate, str) and bool(_RED.search(gate))
@@ -112,6 +129,15 @@ def sticky_state(m: Marker, ttl_s: float) -> str:
         return "live"
     old = m.age_s > ttl_s and (m.written_age_s is None or m.written_age_s > ttl_s)
     return "stale" if old else "live"
+
+
+def first_kill(found: Sequence[Marker], ttl_s: float) -> Marker:
+    """The global KILL that decides, of those read at each global path: the first live one, else
+    the first present (its stale or expired state is then what is reported), else the first."""
+    for m in found:
+        if sticky_state(m, ttl_s) == "live":
+            return m
+    return next((m for m in found if m.present), found[0])
 
 
 def _ignored(name: str, m: Marker, ttl_s: float) -> str | None:
@@ -167,7 +193,8 @@ def evaluate(s: HaltSnapshot) -> Step1:
         if s.governor_exit == 3:
             return Step1(halt=GOVERNOR, clear_dormant=clear_dormant, clear_handoff=clear_handoff, warnings=w)
         if s.governor_exit != 0:
-            w = (*w, f"governor exited {s.governor_exit}; going on")
+            ran = "could not run (see governor.error)" if s.governor_exit == -1 else f"exited {s.governor_exit}"
+            w = (*w, f"governor {ran}; going on")
 
     common = {"clear_dormant": clear_dormant, "clear_handoff": clear_handoff}
     breaker_probe = False

@@ -80,7 +80,7 @@ def _log_crashed(ctx: FireContext, cycle: int, fire: FireRecord, claimed: Claime
         cycle=cycle,
         result=CycleResult.CRASHED,
         timestamp=utc_iso(ctx.clock()),
-        target=(claimed.ref if claimed else "") or "idle",
+        title=(claimed.title if claimed else "") or "idle",
         source=(claimed.source if claimed else "") or "idle",
         work_ref=claimed.ref or None if claimed else None,
         mode="crashed",

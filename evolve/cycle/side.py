@@ -65,7 +65,7 @@ def idle(ctx: FireContext, cycle: int, errors: tuple[str, ...], mode: str, entri
         cycle=cycle,
         result=CycleResult.UNCHANGED,
         timestamp=utc_iso(now),
-        target="idle",
+        title="idle",
         source="idle",
         work_ref=None,
         mode="idle",

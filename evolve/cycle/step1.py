@@ -23,10 +23,11 @@ LEDGER_TAIL = 20  # entries the halt rules look at (the regression and restorati
 def _operator_markers(ctx: FireContext, now: float) -> dict[str, Any]:
     """The snapshot's fields for the operator's halts (KILL, STOP), read the same way everywhere."""
     p = ctx.paths
+    ttl_s = ctx.cfg.halt.kill_ttl_days * 86400
     return {
         "now": now,
-        "kill_ttl_s": ctx.cfg.halt.kill_ttl_days * 86400,
-        "global_kill": read_marker(p.global_kill, now),
+        "kill_ttl_s": ttl_s,
+        "global_kill": halt.first_kill([read_marker(k, now) for k in p.global_kills], ttl_s),
         "local_kill": read_marker(p.kill, now),
         "stop": read_marker(p.stop, now),
     }
@@ -114,7 +115,13 @@ def governor(ctx: FireContext) -> int:
             limits=Limits(timeout_s=timeout_s, grace_s=1.0, tail_bytes=0),
         )
     except OSError as exc:
-        ctx.log.warning("governor.error", error=str(exc)[:300])
+        # Shell syntax is refused when the config loads; this is a program that cannot start.
+        ctx.log.error(
+            "governor.error",
+            error=f"{argv[0]}: cannot start: {exc.strerror or exc}"[:300],
+            hint="governor_cmd is a program and its arguments, run without a shell: "
+            'e.g. EVOLVE_GOVERNOR_CMD=\'["bash", "-c", "..."]\'',
+        )
         return -1
     if proc.timed_out or proc.returncode is None:
         ctx.log.warning("governor.error", error=f"{argv[0]} timed out after {timeout_s:g}s; process group killed")

@@ -32,6 +32,7 @@ from evolve.paths import Paths
 from evolve.redact import Redactor, env_literals
 from evolve.store.atomic import atomic_write_bytes
 from evolve.store.dirfd import ensure_dir, open_dir, opened_dir
+from evolve.store.ledger import entry_title
 from evolve.timeutil import utc_iso, utc_stamp
 from evolve.work.item import clean_text
 
@@ -125,7 +126,7 @@ def gather(paths: Paths) -> Context:
     ctx.task_ref = str(ref or "")
     title = (claimed.title if claimed else "") or cstate.get("title")
     if not title:
-        title = next((e.get("target") for e in reversed(tail) if e.get("work_ref") == ref and e.get("target")), "")
+        title = next((t for e in reversed(tail) if e.get("work_ref") == ref and (t := entry_title(e))), "")
     ctx.task_title = str(title or "")
     if isinstance(cstate.get("plan_path"), str):
         ctx.plan_path = cstate["plan_path"]

@@ -16,7 +16,7 @@ from typing import Any
 from evolve.paths import Paths
 from evolve.results import is_idle_poll
 from evolve.status.snapshot import StatusSnapshot, load_config, read_snapshot
-from evolve.store.ledger import Ledger
+from evolve.store.ledger import Ledger, entry_title
 from evolve.timeutil import parse_iso
 
 MAX_ENTRIES = 5_000  # cycles in one report; older ones in the window are counted, not drawn
@@ -165,7 +165,7 @@ def _parked(paths: Paths, cycles: list[Cycle], parked_refs: list[Any]) -> list[d
     for c in cycles:
         disp = c.entry.get("disposition")
         if c.result == "scout" and isinstance(disp, str):
-            out.append({"ref": str(c.entry.get("work_ref") or ""), "title": str(c.entry.get("target") or ""),
+            out.append({"ref": str(c.entry.get("work_ref") or ""), "title": entry_title(c.entry),
                         "why": f"scout: {disp}", "source": str(c.entry.get("selected_source") or ""),
                         "cycle": c.entry.get("cycle")})
         scouted = c.entry.get("scouted")
@@ -174,7 +174,7 @@ def _parked(paths: Paths, cycles: list[Cycle], parked_refs: list[Any]) -> list[d
                 out.append({"ref": str(s.get("ref") or ""), "why": f"scout: {s.get('disposition')}",
                             "cycle": c.entry.get("cycle"), "source": "scout"})
         if c.result == "quarantined":
-            out.append({"ref": str(c.entry.get("work_ref") or ""), "title": str(c.entry.get("target") or ""),
+            out.append({"ref": str(c.entry.get("work_ref") or ""), "title": entry_title(c.entry),
                         "why": f"quarantined goal ({c.entry.get('oscillations')} flips)", "cycle": c.entry.get("cycle"),
                         "source": "goal"})
     try:

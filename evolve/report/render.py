@@ -17,6 +17,7 @@ from typing import Any
 
 from evolve import redact
 from evolve.report.data import Cycle, FireSpan, ReportData
+from evolve.store.ledger import entry_title
 
 COLORS = {
     "improved": "#2e9e44",
@@ -183,7 +184,7 @@ def timeline_svg(d: ReportData) -> str:
     for c in d.cycles:
         x0, x1 = x(c.start), x(c.end)
         e = c.entry
-        bits = [f"cycle {e.get('cycle')} {c.result}", str(e.get("target") or "")]
+        bits = [f"cycle {e.get('cycle')} {c.result}", entry_title(e) or str(e.get("target") or "")]
         if _num(e.get("duration_s")) is not None:
             bits.append(_dur(_num(e.get("duration_s"))))
         if _num(e.get("cost_usd")) is not None:
@@ -407,7 +408,7 @@ def _cycle_row(c: Cycle, log: Path | None = None, links_from: Path | None = None
     note = " ".join(str(x) for x in (e.get("error_class"), e.get("disposition"), e.get("milestone")) if x)
     reason = why(e)
     return [
-        t(e.get("cycle")), t(_utc(c.end, "%m-%d %H:%M")), _badge(c.result), t(e.get("target")),
+        t(e.get("cycle")), t(_utc(c.end, "%m-%d %H:%M")), _badge(c.result), t(entry_title(e) or e.get("target")),
         t(e.get("selected_source")), t(_dur(_num(e.get("duration_s")))), "" if cost is None else t(f"${cost:.2f}"),
         "" if pct is None else t(f"{pct:.0f}%"), t(goals), t(note[:200]),
         f'<div class="why">{t(reason)}</div>' if reason else "", log_link(log, links_from),
@@ -499,7 +500,7 @@ def _header(d: ReportData) -> list[str]:
 
 def _work_sections(d: ReportData, links_from: Path | None) -> list[str]:
     st = d.status
-    done_rows = [[t(c.entry.get("cycle")), _badge(c.result), t(c.entry.get("target")), t(c.entry.get("work_ref")),
+    done_rows = [[t(c.entry.get("cycle")), _badge(c.result), t(entry_title(c.entry)), t(c.entry.get("work_ref")),
                   t(str(c.entry.get("sha") or c.entry.get("commit_sha") or "")[:12]),
                   t(str(c.entry.get("summary") or "")[:240])] for c in d.done]
     stranded_rows = [[t(s.get("ref")), t(s.get("title")), t(s.get("what")), t(s.get("since"))] for s in d.stranded]
@@ -514,7 +515,7 @@ def _work_sections(d: ReportData, links_from: Path | None) -> list[str]:
                   for c in d.cycles]
     return [
         '<section id="done"><h2>Work done</h2>',
-        _table(["cycle", "result", "target", "work ref", "commit", "summary"], done_rows),
+        _table(["cycle", "result", "title", "work ref", "commit", "summary"], done_rows),
         "</section>",
         '<section id="parked"><h2>Stranded, parked and deferred</h2>',
         ('<h3 id="stranded">Stranded: no running fire owns these</h3>'

@@ -252,9 +252,13 @@ def autocompact_info(repo: Path, env: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
-def _read_markers(paths: Paths, now: float) -> dict[str, Marker]:
-    """Every marker of MARKERS, present or not, read once (for the view and for Step 1)."""
-    return {name: read_marker(getattr(paths, attr), now) for name, attr, _, _ in MARKERS}
+def _read_markers(paths: Paths, now: float, ttl_s: float) -> dict[str, Marker]:
+    """Every marker of MARKERS, present or not, read once (for the view and for Step 1); the global
+    KILL is the one of its two paths that decides, as in the fire (``step1.first_kill``)."""
+    found = {name: read_marker(getattr(paths, attr), now) for name, attr, _, _ in MARKERS}
+    if paths.home_kill is not None:
+        found["KILL(global)"] = step1.first_kill([found["KILL(global)"], read_marker(paths.home_kill, now)], ttl_s)
+    return found
 
 
 def _marker_infos(found: Mapping[str, Marker], ttl_s: float) -> dict[str, MarkerInfo]:
@@ -528,7 +532,7 @@ def read_snapshot(
     session, claimed, fire = (r.to_json() if r is not None else None for r in records)
     running = _lock_held(paths)
     ttl_s = cfg.halt.kill_ttl_days * 86400
-    found = _read_markers(paths, now)
+    found = _read_markers(paths, now, ttl_s)
     markers = _marker_infos(found, ttl_s)
     cycle_state = read_json(paths.cycle_state)
     cycle_state = cycle_state if isinstance(cycle_state, dict) else None

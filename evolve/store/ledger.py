@@ -203,3 +203,13 @@ class Ledger:
             os.close(fd)
         crashpoint.reached("ledger.appended")
         return entry
+
+
+def entry_title(entry: dict[str, Any]) -> str:
+    """An entry's item title: ``title``, or ``target`` in entries written before it was the ref."""
+    title = entry.get("title")
+    if isinstance(title, str) and title:
+        return title
+    target = entry.get("target")
+    return target if isinstance(target, str) and target != entry.get("work_ref") else ""
+

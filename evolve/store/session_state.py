@@ -61,6 +61,10 @@ class SessionState:
         for f in OWNED:
             value = getattr(self, f.name)
             out[f.name] = copy.deepcopy(value.to_json() if isinstance(value, Record) else value)
+        if "cycle" in out:
+            # Upstream's writer keeps its ``cycle`` key at the last logged cycle; a file that has the
+            # key is shared with it, so the key stays current (SPEC §2: kept equal when present).
+            out["cycle"] = self.last_logged_cycle
         return out
 
 

@@ -35,7 +35,13 @@ def resolve_command(argv: Sequence[str], which=shutil.which) -> list[str] | None
 
 
 def parse_ready(raw: bytes) -> list[dict[str, Any]]:
-    """A bare array, or ``{"issues"|"items"|"data": [...]}``; anything else is a SourceError."""
+    """A bare array, or ``{"issues"|"items"|"data": [...]}``; anything else is a SourceError.
+
+    Empty output (whitespace only) from a tracker that exited 0 is zero beads: ``bd ready --json``
+    prints nothing when nothing is ready, and a probe error there would keep the loop from resting.
+    """
+    if not raw.strip():
+        return []
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -68,9 +74,10 @@ def _priority(bead: Mapping[str, Any]) -> int:
 
 
 def rank(beads: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Drop operator-only shapes; order by priority (0 = critical), ``created_at``, ``id``."""
+    """Drop operator-only shapes; order by priority (0 = critical), equal priorities in the tracker's
+    own order (the sort is stable): ``bd ready`` already ranks its answer, as upstream takes it."""
     kept = [b for b in beads if not _has_label(b, DROPPED_LABELS)]
-    return sorted(kept, key=lambda b: (_priority(b), str(b.get("created_at") or ""), str(b["id"])))
+    return sorted(kept, key=_priority)
 
 
 def to_item(bead: Mapping[str, Any]) -> WorkItem:

@@ -6,7 +6,7 @@ unchanged; a measurement that fails (total timeout) never replaces the last good
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ class GoalsSource:
         env: Mapping[str, str],
         write: bool = True,
         pass_env: Sequence[str] = (),
+        warn: Callable[[str], None] | None = None,
     ) -> None:
         self.repo = repo
         self.evolve_dir = evolve_dir
@@ -53,9 +54,16 @@ class GoalsSource:
         self.pass_env = tuple(pass_env)  # [gate] pass_env: checks get what gate commands get
         self.write = write
         self.measured: dict[str, Any] | None = None
+        self.warn = warn  # told each row GOALS.md skipped or repaired, once per GOALS era
+        self._warned_era: str | None = None
 
     def load(self) -> GoalsFile | None:
-        return load_goals(self.repo)
+        gf = load_goals(self.repo)
+        if gf is not None and gf.warnings and self.warn is not None and gf.era != self._warned_era:
+            self._warned_era = gf.era
+            for w in gf.warnings:
+                self.warn(w)
+        return gf
 
     def snapshot(self, gf: GoalsFile, *, allow_measure: bool = True) -> dict[str, Any] | None:
         cached = read_snapshot(snapshot_path(self.evolve_dir))
@@ -84,9 +92,12 @@ class GoalsSource:
         return self.snapshot(gf)
 
     def measure_post(self) -> dict[str, Any] | None:
-        """Measure after the cycle into ``fitness-latest-post.json`` (and as the latest for the new HEAD).
+        """Measure after the cycle into ``fitness-latest-post.json`` only.
 
-        A failed measurement returns None and replaces nothing.
+        ``fitness-latest.json`` is what upstream readers take for the tree as it stands, without
+        checking its ``git_sha``: it gets the post-cycle measurement only once the gate keeps the
+        cycle (:meth:`accept`); a reverted cycle leaves the pre-cycle one there. A failed
+        measurement returns None and replaces nothing.
         """
         gf = self.load()
         if gf is None or not gf.goals:
@@ -100,8 +111,12 @@ class GoalsSource:
             return None
         if self.write:
             write_snapshot(self.evolve_dir / FITNESS_LATEST_POST, snap)
-            write_snapshot(snapshot_path(self.evolve_dir), snap)
         return snap
+
+    def accept(self, snap: dict[str, Any] | None) -> None:
+        """The gate kept the cycle: ``snap`` (its post-cycle measurement) describes the tree now."""
+        if snap is not None and self.write:
+            write_snapshot(snapshot_path(self.evolve_dir), snap)
 
     def items(self, *, allow_measure: bool = True) -> list[WorkItem]:
         gf = self.load()

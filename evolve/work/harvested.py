@@ -55,6 +55,7 @@ from typing import Any
 import orjson
 
 from evolve import redact
+from evolve.results import FAILURES, CycleResult
 from evolve.store import inplace
 from evolve.store.atomic import create_temp
 from evolve.store.dirfd import NOFOLLOW, is_link, open_dir
@@ -78,6 +79,7 @@ from evolve.work.item import ClaimLost, LazyItems, SourceError, WorkItem, fast_c
 CONCRETE = ("bug", "tech-debt", "improvement", "feature", "pattern-fix", "task")
 PROCESS = ("process-improvement", "docs", "chore")
 SEVERITY = {"high": 0, "medium": 1, "low": 2}
+RETRY_REASONS = FAILURES | {CycleResult.REGRESSED}  # a release for these stamps failed_at
 
 _ITEM_BITS = 32  # file order of item ``ii`` of line ``li``: ``li << _ITEM_BITS | ii``
 _LOW = (1 << _ITEM_BITS) - 1
@@ -148,9 +150,25 @@ def claim_stale(at: float, now: float, visibility_s: float | None) -> bool:
     return now - at >= visibility_s or at - now > visibility_s
 
 
+def entry_closed(entry: dict[str, Any]) -> bool:
+    """The entry's aggregate hides all its items: it says ``consumed`` (the flag or ``claim_status``)
+    and no item carries a lifecycle of its own.
+
+    Item lifecycle is authoritative (schema v1.4: the entry fields are aggregates for dashboards and
+    legacy readers): once any item has ``consumed`` or ``claim_status``, the aggregate is recomputed
+    from the items, so a stale ``consumed: true`` over an ``available`` item hides no work.
+    """
+    if entry.get("consumed") is not True and entry.get("claim_status") != "consumed":
+        return False
+    items = entry.get("items")
+    if not isinstance(items, list):
+        return True  # a legacy flat row is its own item: its fields are the item's lifecycle
+    return not any(isinstance(i, dict) and ("consumed" in i or "claim_status" in i) for i in items)
+
+
 def _open_item(entry: dict[str, Any], item: dict[str, Any]) -> bool:
     """Selectable but for its claim: everything :func:`item_selectable` checks except ``claim_status``."""
-    if entry.get("consumed") is True or item.get("consumed") is True:
+    if item.get("consumed") is True or entry_closed(entry):
         return False
     if item.get("status") not in (None, "ready"):
         return False
@@ -189,20 +207,25 @@ def _scope_rank(item: dict[str, Any], repo_names: tuple[str, ...]) -> int | None
 
 
 def rank_key(item: dict[str, Any], order: int, scope: int, quality: bool) -> tuple[int, ...]:
+    """Repo bucket, then freshness (an item that failed before, ``failed_at`` set, after the fresh
+    ones: upstream's freshness rank, so a failing item cannot starve fresh work), then kind, severity
+    and file order. ``--quality`` puts the severity band first."""
     kind = str(item.get("type", "")).lower()
     kind_rank = 0 if kind in CONCRETE else 1 if kind in PROCESS else 0
     sev = SEVERITY.get(str(item.get("severity", "")).lower(), 3)
+    retry = 0 if item.get("failed_at") in (None, "") else 1
     if quality:
-        return (min(sev, 2), scope, kind_rank, sev, order)
-    return (scope, kind_rank, sev, order)
+        return (min(sev, 2), scope, retry, kind_rank, sev, order)
+    return (scope, retry, kind_rank, sev, order)
 
 
 def _packed_key(item: dict[str, Any], order: int, scope: int, quality: bool) -> int:
     """:func:`rank_key` as one int (each field but ``order`` is below 4): cheap to compare and untracked by the GC."""
     key = rank_key(item, order, scope, quality)
-    if quality:
-        return (((key[0] * 4 + key[1]) * 4 + key[2]) * 4 + key[3]) << 64 | order
-    return ((key[0] * 4 + key[1]) * 4 + key[2]) << 64 | order
+    packed = 0
+    for field in key[:-1]:
+        packed = packed * 4 + field
+    return packed << 64 | order
 
 
 def _where(key: int) -> tuple[int, int]:
@@ -476,7 +499,7 @@ class HarvestedQueue:
     def _ranked(self, li: int, entry: dict[str, Any]) -> Iterator[tuple[int, float | None]]:
         """``(rank key, claimed at)`` of line ``li``'s selectable items (``entry`` is its content);
         ``claimed at`` is None for an unclaimed item, else when its in_progress claim was made."""
-        if entry.get("consumed") is True:
+        if entry_closed(entry):
             return
         for ii, item in enumerate(entry_items(entry)):
             if not _open_item(entry, item):
@@ -606,8 +629,13 @@ class HarvestedQueue:
         self._update(item, _claimed_by(claimer), done, then=whole_entry)
 
     def release(self, item: WorkItem, claimer: str | None, now: str, reason: str) -> None:
+        """Back to the queue; ``failed_at`` is stamped only when the cycle failed on it (``reason`` is
+        failed, crashed or regressed): it ranks the item after fresh work (:func:`rank_key`), which a
+        hand-back for a heavy context, a scout or an interruption must not do."""
         fields = {"consumed": False, "claim_status": "available", "claimed_by": None, "claimed_at": None}
-        self._update(item, _claimed_by(claimer), {**fields, "failed_at": now})
+        if reason in RETRY_REASONS:
+            fields["failed_at"] = now
+        self._update(item, _claimed_by(claimer), fields)
 
     def annotate(self, item: WorkItem, now: str, **fields: Any) -> None:
         """Set scout outcome fields (``disposition``, ``status``, ``split_into``) on an open item."""

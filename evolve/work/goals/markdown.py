@@ -1,7 +1,14 @@
-"""Reading GOALS.md (v4): gates tables anywhere and numbered directives under ``## Directives``.
+"""Reading GOALS.md (v4): the gates table under ``## Gates`` and numbered directives under ``## Directives``.
 
-A gates table is any markdown table whose header names at least ``ID``, ``Check`` and ``Weight``
-(``Description``, ``Tags`` and ``Type`` are optional); headings and tables inside code fences are ignored.
+The goals are the table directly under the ``## Gates`` heading, as upstream's parser reads them: the
+first table in that section whose header names at least ``ID``, ``Check`` and ``Weight``
+(``Description``, ``Tags`` and ``Type`` are optional). The section ends at the next heading of any
+level (``###`` included). Any other table — a ``## History`` table, an example — is text, and its
+"checks" are never run. Headings and tables inside code fences are ignored.
+
+A bad row costs that row only, with a warning naming it (upstream's leniency): a weight that is not
+1-10 gets the default 5, a short row is padded with empty cells, a row with an empty id, no check,
+an id used before or more cells than the header is skipped.
 """
 
 from __future__ import annotations
@@ -11,8 +18,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evolve.work.goals.fields import file_error, parse_id, parse_tags, parse_weight, unique_goals, unwrap_code
-from evolve.work.goals.model import GOAL_TYPES, Directive, Goal
+from evolve.work.goals.fields import parse_id, parse_tags, parse_weight, unwrap_code
+from evolve.work.goals.model import GOAL_TYPES, Directive, Goal, GoalsError
+
+DEFAULT_WEIGHT = 5  # upstream's weight for a row whose weight cannot be read
 
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 _DIRECTIVE = re.compile(r"^(\d+)\.\s+(.+)$")
@@ -39,13 +48,26 @@ class _DirectiveDraft:
         )
 
 
-def parse_markdown(path: Path, text: str) -> tuple[tuple[Goal, ...], tuple[Directive, ...]]:
-    """One pass: gates tables anywhere, ``### N. Title`` blocks under ``## Directives``, the rest ignored."""
+@dataclass
+class _Table:
+    """The gates table as it is read: its goals, and a warning per row it could not take whole."""
+
+    goals: list[Goal] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    read: bool = False  # the section's table was read: later tables are text
+
+
+def parse_markdown(
+    path: Path, text: str
+) -> tuple[tuple[Goal, ...], tuple[Directive, ...], tuple[str, ...]]:
+    """One pass: the gates table under ``## Gates``, ``### N. Title`` blocks under ``## Directives``,
+    the rest ignored. Returns the goals, the directives and one warning per row skipped or repaired."""
     lines = text.splitlines()
-    goals: list[Goal] = []
+    table = _Table()
     directives: list[Directive] = []
     draft: _DirectiveDraft | None = None
     section = ""
+    gates = False  # inside the ## Gates section, which any heading ends
     fence: str | None = None
     i = 0
     while i < len(lines):
@@ -56,12 +78,14 @@ def parse_markdown(path: Path, text: str) -> tuple[tuple[Goal, ...], tuple[Direc
             if draft is not None:
                 draft.body.append(lines[i - 1].rstrip())
             continue
-        if s.startswith("|"):
+        if gates and not table.read and s.startswith("|"):
             header = _split_row(s)
             if _gates_columns(header) is not None:
-                i = _read_table(path, lines, i, header, goals)
+                i = _read_table(path, lines, i, header, table)
                 continue
         heading = _HEADING.match(s)
+        if heading:
+            gates = len(heading.group(1)) == 2 and heading.group(2).strip().lower() == "gates"
         if heading and len(heading.group(1)) <= 2:
             _flush(draft, directives)
             draft = None
@@ -77,7 +101,7 @@ def parse_markdown(path: Path, text: str) -> tuple[tuple[Goal, ...], tuple[Direc
         elif draft is not None and s:
             draft.body.append(s)
     _flush(draft, directives)
-    return unique_goals(path, goals), tuple(directives)
+    return tuple(table.goals), tuple(directives), tuple(table.warnings)
 
 
 def _track_fence(fence: str | None, s: str) -> str | None:
@@ -101,40 +125,63 @@ def _gates_columns(header: Sequence[str]) -> dict[str, int] | None:
     return {n: names.index(n) for n in ("id", "check", "weight", "description", "tags", "type") if n in names}
 
 
-def _read_table(path: Path, lines: list[str], i: int, header: list[str], goals: list[Goal]) -> int:
+def _read_table(path: Path, lines: list[str], i: int, header: list[str], table: _Table) -> int:
     """Parse rows after the header line; returns the index of the first line after the table."""
     cols = _gates_columns(header)
     assert cols is not None
+    table.read = True
+    seen: set[str] = set()
     while i < len(lines) and lines[i].strip().startswith("|"):
         s = lines[i].strip()
         i += 1
         if _SEPARATOR.match(s):
             continue
         cells = _split_row(s)
-        if len(cells) != len(header):
-            raise file_error(path, f"line {i}: gates table row has {len(cells)} columns, the header has {len(header)}")
-        goals.append(_table_goal(path, i, cells, cols))
+        if len(cells) > len(header):
+            # Columns are ambiguous (an unescaped "|" in a check?): running a guess is worse than skipping.
+            table.warnings.append(f"{path}: line {i}: row has {len(cells)} cells, the header {len(header)}; skipped")
+            continue
+        cells += [""] * (len(header) - len(cells))
+        goal = _table_goal(path, i, cells, cols, table.warnings)
+        if goal is not None and goal.id in seen:
+            table.warnings.append(f"{path}: line {i}: goal {goal.id!r} already defined; row skipped")
+        elif goal is not None:
+            seen.add(goal.id)
+            table.goals.append(goal)
     return i
 
 
-def _table_goal(path: Path, lineno: int, cells: list[str], cols: Mapping[str, int]) -> Goal:
+def _table_goal(path: Path, lineno: int, cells: list[str], cols: Mapping[str, int], warn: list[str]) -> Goal | None:
+    """The row's goal, or None (a warning in ``warn``) when it has no usable id or check."""
+
     def cell(name: str) -> str:
         return cells[cols[name]].strip() if name in cols else ""
 
-    where = f"line {lineno}"
-    gid = parse_id(path, unwrap_code(cell("id")), where)
+    try:
+        gid = parse_id(path, unwrap_code(cell("id")), f"line {lineno}")
+    except GoalsError as exc:
+        warn.append(f"{exc}; row skipped")
+        return None
     where = f"line {lineno}: goal {gid!r}"
     check = unwrap_code(cell("check"))
     if not check:
-        raise file_error(path, f"{where}: missing check")
+        warn.append(f"{path}: {where}: missing check; row skipped")
+        return None
     gtype = cell("type").lower() or "health"
     if gtype not in GOAL_TYPES:
-        raise file_error(path, f"{where}: invalid type {gtype!r}")
+        warn.append(f"{path}: {where}: unknown type {gtype!r}; health used")
+        gtype = "health"
+    try:
+        weight = parse_weight(path, where, cell("weight"))
+    except (GoalsError, ValueError) as exc:  # ValueError: more digits than int() takes
+        reason = str(exc) if isinstance(exc, GoalsError) else f"{path}: {where}: weight is no integer 1-10"
+        warn.append(f"{reason[:300]}; default weight {DEFAULT_WEIGHT} used")
+        weight = DEFAULT_WEIGHT
     return Goal(
         id=gid,
         description=cell("description") or gid,
         check=check,
-        weight=parse_weight(path, where, cell("weight")),
+        weight=weight,
         type=gtype,
         tags=parse_tags(path, where, cell("tags") or None),
     )

@@ -48,3 +48,4 @@ class GoalsFile:
     goals: tuple[Goal, ...]
     directives: tuple[Directive, ...]
     version: str
+    warnings: tuple[str, ...] = ()  # rows skipped or repaired (GOALS.md), one line each

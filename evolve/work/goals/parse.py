@@ -47,8 +47,8 @@ def _load_file(path: Path) -> GoalsFile:
     era = hashlib.sha256(data).hexdigest()[:12]
     try:
         if path.suffix.lower() == ".md":
-            goals, directives = parse_markdown(path, text)
-            return GoalsFile(path=path, era=era, goals=goals, directives=directives, version="4")
+            goals, directives, warnings = parse_markdown(path, text)
+            return GoalsFile(path=path, era=era, goals=goals, directives=directives, version="4", warnings=warnings)
         version, goals = _parse_yaml(path, text)
     except (ValueError, TypeError, RecursionError, OverflowError) as e:
         # Hostile content (impossible dates, 5000-digit numbers, deep nesting) is a malformed file,
