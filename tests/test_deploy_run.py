@@ -325,7 +325,7 @@ def test_cron_daemon_fires_the_rendered_line_into_the_ledger(env: Env, cli, tmp_
     (home / ".gitconfig").write_text("[user]\n\tname = cron\n\temail = cron@localhost\n")
     # Environment lines a crontab may carry, above the rendered file, which is installed unchanged:
     # HOME for the identity above, and (in a development checkout) the tree under test.
-    env_lines = [f"HOME={home}"] + [f"PYTHONPATH={os.environ['PYTHONPATH']}"] * ("PYTHONPATH" in os.environ)
+    env_lines = [f"HOME={home}"] + ([f"PYTHONPATH={os.environ['PYTHONPATH']}"] if "PYTHONPATH" in os.environ else [])
     crond = tmp_path / "cron.d"
     crond.mkdir(mode=0o755)
     installed = crond / "evolve-my_app"  # the name `install` writes to /etc/cron.d
