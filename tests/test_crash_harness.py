@@ -25,8 +25,6 @@ import pytest
 from invariants import GitWatch, History
 from support import Env, entry
 
-from evolve.procgroup import group_alive
-
 BATCH = 20  # items appended whenever fewer than LOW are left to select
 LOW = 10
 KINDS = ("bug", "feature", "tech-debt", "improvement", "pattern-fix", "task")
@@ -171,8 +169,27 @@ def _check(env: Env, gitw: GitWatch, history: History, trial: int) -> None:
     history.observe(env, trial)  # every line once, every claim ended, consumed iff a successful cycle
     assert not _temps(env), "temp files of dead writers must be swept"
     gitw.check(ledger)  # no index.lock, improved commits exist on a ref, the operator's files untouched
-    for call in env.calls():
-        assert not group_alive(call["pgid"]), "an orphaned agent survived"
+    survivors = _ours_alive({c["env"].get("EVOLVE_FIRE_ID") for c in env.calls()} - {None})
+    assert not survivors, f"orphaned agents survived: {survivors}"
+
+
+def _ours_alive(fire_ids: set[str]) -> list[tuple[int, str]]:
+    """Live processes started by any of these fires (``EVOLVE_FIRE_ID`` in their environment). A
+    recorded group id alone proves nothing over a long run: pids wrap (pid_max 32768) and the same
+    number names somebody else's group."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            env = dict(v.split(b"=", 1) for v in (proc / "environ").read_bytes().split(b"\0") if b"=" in v)
+            stat = (proc / "stat").read_text()
+        except OSError:  # gone, or not ours to read
+            continue
+        fid = env.get(b"EVOLVE_FIRE_ID", b"").decode(errors="replace")
+        if fid in fire_ids and stat[stat.rfind(")") + 2] not in "ZX":
+            found.append((int(proc.name), fid))
+    return found
 
 
 def _point(env: Env, t: Trial, stats: Counter[str]) -> None:
