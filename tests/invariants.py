@@ -18,6 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import orjson
 from support import GIT_ENV, Env, live
 
 from evolve.config import GitConfig
@@ -150,6 +151,18 @@ class History:
                 line.append((trial, now))
         assert "in_progress" not in status.values(), "a claim outlived its fire and the recovery"
         self._ledger(env.ledger(), status)
+
+    @staticmethod
+    def claims_held(env: Env) -> None:
+        """Before any recovery: every ``in_progress`` item is the claim session-state records (the
+        fire that died or failed holds it, and the next fire settles it), never one nobody holds."""
+        items = [i for e in live(env.paths.nextwork) for i in e["items"]] if env.paths.nextwork.exists() else []
+        held = [i["title"] for i in items if i.get("claim_status") == "in_progress" and not i.get("consumed")]
+        try:
+            claimed = (orjson.loads(env.paths.state.read_bytes()).get("claimed_work") or {}).get("title")
+        except (OSError, orjson.JSONDecodeError):
+            claimed = None
+        assert set(held) <= {claimed}, f"claims nobody holds: {held} (session-state records {claimed!r})"
 
     def _ledger(self, ledger: list[dict[str, Any]], status: dict[str, str]) -> None:
         """Every claim ended consumed or released; consumed exactly when a successful cycle says so."""

@@ -242,6 +242,7 @@ def run_harness(env: Env, trials: list[Trial]) -> tuple[Counter[str], GitWatch, 
         else:
             _agent_kill(env, t, marker, stats)
         stats["kills"] += 1
+        History.claims_held(env)  # before the recovery: any claim in progress is the one recorded
         _recover(env, stats)
         _check(env, gitw, history, n)
     raw = env.paths.ledger.read_bytes()
