@@ -127,7 +127,7 @@ def _io_fault(env: Env, shim: Path, ops: str, match: str, after: int, err: int, 
     _whole(env.paths.nextwork, torn_tail_ok=False)
     if env.paths.state.exists():
         assert isinstance(orjson.loads(env.paths.state.read_bytes()), dict)
-    gitw.check()  # before any recovery: no index.lock, no improved entry without its commit
+    gitw.check(settled=False)  # before any recovery: no index.lock, no improved entry without its commit
     History.claims_held(env)  # and no claim left in_progress that session-state does not record
     _settled(env, history, gitw)
 
