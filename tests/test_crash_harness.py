@@ -30,6 +30,7 @@ LOW = 10
 KINDS = ("bug", "feature", "tech-debt", "improvement", "pattern-fix", "task")
 TEMP_AGE_S = 120  # how old leftover temp files are made before a recovery fire (its sweep takes > 60 s)
 WAIT_S = 120  # only a hung run gets here
+RELAUNCHES = 3  # fires a named-point trial may start before it counts the point as not reached
 
 # Where a fire is made to die (evolve/crashpoint.py), and how many occurrences in a fire to pick from:
 # half a ledger line written then death, death right after the ledger entry (before the claim is
@@ -118,18 +119,18 @@ def _items(env: Env) -> list[dict]:
     return [i for line in p.read_bytes().splitlines() for i in orjson.loads(line)["items"]] if p.exists() else []
 
 
-def _refill(env: Env, added: int, history: History) -> int:
+def _refill(env: Env, history: History) -> None:
     """Keep work available, as a harvester appending to the queue would; titles are unique ids."""
     open_items = [i for i in _items(env) if not i.get("consumed") and i.get("status") != "blocked"]
     if len(open_items) >= LOW:
-        return added
+        return
+    added = len(history.appended)
     titles = [f"item-{added + n}" for n in range(BATCH)]
     batch = entry(*titles, epic=f"batch-{added // BATCH}")
     for n, item in enumerate(batch["items"]):  # mixed kinds of work, or the metronome blocks the repeats
         item["type"] = KINDS[n % len(KINDS)]
     env.queue(batch)
     history.append(titles)
-    return added + BATCH
 
 
 def _temps(env: Env) -> list[Path]:
@@ -192,13 +193,29 @@ def _ours_alive(fire_ids: set[str]) -> list[tuple[int, str]]:
     return found
 
 
-def _point(env: Env, t: Trial, stats: Counter[str]) -> None:
-    """A fire that SIGKILLs itself at the t.nth occurrence of the named point."""
+def _point(env: Env, t: Trial, stats: Counter[str], history: History) -> None:
+    """A fire that SIGKILLs itself at the t.nth occurrence of the named point. A fire that ends first
+    (its queue ran dry for it, say) is followed by another with the same point, a few times at most."""
     env.steps(LOOP, loop=True)
     env.script.with_name(env.script.name + ".pos").write_text(str(t.pos))
-    fire = _evolve(env, "fire", EVOLVE_CRASHPOINT=f"{t.kind}:{t.nth}")
-    code = fire.wait(timeout=WAIT_S)
-    stats[f"killed_at {t.kind}" if code == -signal.SIGKILL else f"not reached {t.kind}"] += 1
+    out = env.root / "point-fire.out"
+    for _ in range(RELAUNCHES):
+        _refill(env, history)
+        with open(out, "wb") as fh:
+            fire = subprocess.Popen([sys.executable, "-m", "evolve", "--repo", str(env.repo), "fire"],
+                                    stdout=fh, stderr=subprocess.STDOUT,
+                                    env=env.env(EVOLVE_CRASHPOINT=f"{t.kind}:{t.nth}"))
+        if fire.wait(timeout=WAIT_S) == -signal.SIGKILL:
+            stats[f"killed_at {t.kind}"] += 1
+            return
+        ends = [e for e in _events(out) if e.get("event") == "fire.end"]
+        stats[f"relaunched after a fire ended: {ends[-1].get('reason') if ends else 'no fire.end'}"] += 1
+    stats[f"not reached {t.kind}"] += 1
+
+
+def _events(out: Path) -> list[dict]:
+    rows = [orjson.loads(x) for x in out.read_bytes().splitlines() if x.startswith(b"{")]
+    return [r for r in rows if isinstance(r, dict)]
 
 
 def _agent_kill(env: Env, t: Trial, marker: Path, stats: Counter[str]) -> None:
@@ -232,13 +249,13 @@ def run_harness(env: Env, trials: list[Trial]) -> tuple[Counter[str], GitWatch, 
                      work={"max_attempts": 1000}, agent={"idle_timeout_s": 60, "timeout_s": 120})
     gitw, history = GitWatch(env), History()
     gitw.plant()  # the operator's uncommitted edit and untracked file, there all along
-    added = _refill(env, 0, history)
+    _refill(env, history)
     marker = env.root / "agent-running"
     stats: Counter[str] = Counter()
     for n, t in enumerate(trials):
-        added = _refill(env, added, history)
+        _refill(env, history)
         if t.kind in POINTS:
-            _point(env, t, stats)
+            _point(env, t, stats, history)
         else:
             _agent_kill(env, t, marker, stats)
         stats["kills"] += 1
@@ -249,7 +266,7 @@ def run_harness(env: Env, trials: list[Trial]) -> tuple[Counter[str], GitWatch, 
     stats["cycles"] = len(raw.splitlines())
     stats["crashed_entries"] = raw.count(b'"result":"crashed"')
     stats["torn_files"] = len(list(env.paths.evolve_dir.glob("cycle-history.jsonl.torn-*")))
-    stats["items_queued"] = added
+    stats["items_queued"] = len(history.appended)
     stats["items_consumed"] = sum(1 for i in _items(env) if i.get("consumed"))
     stats.update({f"claims_{k}": v for k, v in history.claims.items()})
     stats["trials_leaving_agent_edits_in_place"] = gitw.leftovers
