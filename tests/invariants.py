@@ -146,7 +146,8 @@ class History:
         twice = [t for t, n in seen.items() if n > 1]
         assert not twice, f"lines live twice: {twice[:10]}"
         assert set(seen) == set(self.appended), f"lines nobody appended: {sorted(set(seen) - set(self.appended))[:10]}"
-        status = {i["title"]: "consumed" if i.get("consumed") else str(i.get("claim_status")) for i in items}
+        status = {i["title"]: "consumed" if i.get("consumed") else str(i.get("claim_status") or "queued")
+                  for i in items}
         for title, now in status.items():
             line = self.timeline.setdefault(title, [])
             if line and line[-1][1] == "consumed":
