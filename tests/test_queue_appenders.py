@@ -21,6 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 import orjson
+from invariants import GitWatch
 from support import Env, entry, improved_step, jsonl, live
 
 from evolve.work.harvested import HarvestedQueue
@@ -242,3 +243,4 @@ def test_evolve_fires_and_three_appenders_lose_nothing(env: Env) -> None:
     by_title = {i["title"]: i for i in items}
     for title, released in done.items():
         assert by_title[title]["claim_status"] == ("available" if released else "consumed"), title
+    GitWatch(env).check()  # no index.lock; every improved cycle's commit exists, on a ref

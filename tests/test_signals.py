@@ -14,6 +14,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from invariants import GitWatch
 from support import Env, entry, live, results
 from test_daemon import start_daemon, trap_agent, wait_file
 
@@ -85,6 +86,7 @@ def test_sighup_stops_a_fire_like_sigterm(env: Env) -> None:
     assert not (env.tree / "half.txt").exists() and not (env.repo / "half.txt").exists()  # undone
     assert claim_status(env) == "available"  # the claim went back to the queue
     assert env.state()["fire"] is None and env.state()["claimed_work"] is None
+    GitWatch(env).check()  # no index.lock left, nothing of the agent's in the checkout (with isolation)
 
 
 def test_a_fire_under_nohup_keeps_ignoring_sighup(env: Env) -> None:

@@ -650,7 +650,16 @@ class Fire:
                 src.finalize(item, claimer, stamp)
             elif src is not None and t.claim is transition.ClaimAction.RELEASE:
                 src.release(item, claimer, stamp, facts.result)
-                if t.park is not None and not self._park(src, item, stamp, t.park):
+        except SourceError as exc:
+            self.log.error("claim.error", error=str(exc))
+        except OSError as exc:
+            # A failing disk: stop loudly, the claim still recorded in session-state for the next fire's
+            # recovery to settle from the ledger (dropped here, the item stayed in_progress for good).
+            self.log.error("claim.error", error=str(exc))
+            raise
+        try:
+            if src is not None and t.claim is transition.ClaimAction.RELEASE and t.park is not None:
+                if not self._park(src, item, stamp, t.park):
                     t.state.parked_items.remove(item.ref)  # not held out (a goal): not listed as parked
             if t.queue_new_work:
                 scout.queue_new_work(self.ctx, cycle, list(report.new_work), epic=f"evolve-cycle-{cycle}")
