@@ -1,13 +1,16 @@
 """What ``evolve fire --dry-run`` shows (docs/DESIGN.md §4.5): Step 1, the ladder and the exact agent call.
 
 Pure assembly of what the fire evaluated without applying anything; the fire gathers the parts.
+The runner's preflight is here too: the dry run shows it, and a real fire refuses to start on it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from evolve import exitcodes, redact
 from evolve.agent.invocation import Invocation
+from evolve.agent.runners import Runner, preflight
 from evolve.cycle import halt
 from evolve.harness.plan import AgentPlan
 from evolve.work import ladder
@@ -40,6 +43,27 @@ def selection_json(cycle: int, sel: ladder.Selection, generated: list[dict[str, 
     return out
 
 
-def agent_json(plan: AgentPlan, inv: Invocation, argv: list[str], env_changes: dict[str, str]) -> dict[str, Any]:
+def agent_json(plan: AgentPlan, inv: Invocation, runner: Runner) -> dict[str, Any]:
+    """The exact call: argv, the env changes, the prompt, and what the runner's preflight says of its config."""
     d = plan.decision
-    return {"mode": d.mode, "reason": d.reason, "argv": argv, "env": env_changes, "prompt": inv.prompt}
+    argv, env_changes = runner.plan(inv)
+    return {
+        "runner": runner.name,
+        "mode": d.mode,
+        "reason": d.reason,
+        "argv": argv,
+        "env": env_changes,
+        "prompt": inv.prompt,
+        "preflight": preflight(runner) or "ok",
+    }
+
+
+def misconfigured(runner: Runner, log: Any, outcome: Any) -> bool:
+    """A runner whose CLI cannot work as configured (no provider config, a read-only sandbox...):
+    the fire ends with 78 before any work is claimed, instead of failing the first cycle."""
+    problem = preflight(runner)
+    if problem is None:
+        return False
+    log.error("agent.misconfigured", error=redact.current().text(problem)[:300])
+    outcome.reason, outcome.exit_code = "agent_config", exitcodes.CONFIG
+    return True

@@ -26,7 +26,7 @@ from evolve.agent import prompt, retry
 from evolve.agent import session as sessions
 from evolve.agent.invocation import Invocation
 from evolve.agent.report import AgentReport, redacted
-from evolve.agent.runners import Runner, make_runner
+from evolve.agent.runners import RESUMING_CLIS, Runner, make_runner
 from evolve.childenv import seal_own_environ
 from evolve.config import Config
 from evolve.cycle import budget, dryrun, halt, recovery, retention, scout, side, transition, watch, workspace
@@ -221,6 +221,8 @@ class Fire:
     def _open_workspace(self, outcome: FireOutcome) -> bool:
         """The agent's tree for this fire (§8.3): made, a dead cycle's work set aside, waiting commits
         landed, standing at the base. False (the fire ends, exit 1) when git cannot give us one."""
+        if dryrun.misconfigured(self._runner(), self.log, outcome):  # exit 78, before anything is claimed
+            return False
         try:
             ws = workspace.open_workspace(
                 self.paths.repo, self.paths.evolve_dir, self.cfg.git, self.gate.git_policy, self.log,
@@ -466,8 +468,7 @@ class Fire:
                     return AgentReport("failed", error_class="interrupted", error=f"{self.halted}: retry wait ended")
                 return report
             attempt += 1
-            if report.session_id and self.cfg.agent.runner == "claude":
-                # The failed run already created the conversation: carry on in it ("resume" mode).
+            if report.session_id and self.cfg.agent.runner in RESUMING_CLIS:  # carry on in the conversation
                 inv = replace(inv, mode="resume", resume=True, session_id=report.session_id)
 
     def _goals_before(self) -> tuple[Any, dict[str, Any] | None]:
@@ -713,9 +714,8 @@ class Fire:
                 ws = workspace.open_workspace(self.paths.repo, self.paths.evolve_dir, self.cfg.git,
                                               self.gate.git_policy, self.log, self.paths.landing_intent)
                 plan["workspace"] = workspace.describe(ws)
-                argv, env_changes = self._runner().plan(replace(inv, repo=ws.tree))
                 plan["selection"] = {**sel.item.as_json(), "ref": sel.item.ref, "rung": sel.rung}
-                plan["agent"] = dryrun.agent_json(agent_plan, inv, argv, env_changes)
+                plan["agent"] = dryrun.agent_json(agent_plan, replace(inv, repo=ws.tree), self._runner())
         self.log.info("fire.dry_run", **{k: v for k, v in plan.items() if k != "agent"})
         out = FireOutcome(exitcodes.OK, "dry-run", halt=d.halt)
         out.entries.append(plan)
