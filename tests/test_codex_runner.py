@@ -223,6 +223,7 @@ def test_dry_run_prints_the_exact_codex_call(env: Env, cli, fake: FakeResponses)
     assert f'model_providers.evolve.base_url="{fake.url}"' in pairs
     assert "model_providers.evolve.request_max_retries=0" in pairs
     assert "[Identity]" in plan["agent"]["prompt"]
+    assert (plan["agent"]["runner"], plan["agent"]["preflight"]) == ("codex", "ok")
     assert KEY not in r.stdout and fake.requests == []
 
 

@@ -213,4 +213,5 @@ def test_dry_run_prints_the_exact_gemini_call(env: Env, cli, fake: FakeGemini) -
     assert "--session-id" in argv and "--resume" not in argv
     assert plan["agent"]["env"]["GOOGLE_GEMINI_BASE_URL"] == fake.url
     assert "[Identity]" in plan["agent"]["prompt"]
+    assert (plan["agent"]["runner"], plan["agent"]["preflight"]) == ("gemini", "ok")
     assert KEY not in r.stdout and fake.requests == []

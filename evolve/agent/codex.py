@@ -193,10 +193,11 @@ class CodexRunner(CliRunner):
 
     def __init__(
         self, cfg: AgentConfig, base_env: Mapping[str, str] | None = None, *, context_window: int = 0,
-        worktree: bool = False,
+        worktree: bool = False, autocompact_pct: int = 40,
     ) -> None:
         super().__init__(cfg, base_env, context_window=context_window)
         self.worktree = worktree  # the agent works in evolve's own worktree ([git] isolation = "worktree")
+        self.autocompact_pct = autocompact_pct
 
     @property
     def sandbox(self) -> str:
@@ -208,6 +209,9 @@ class CodexRunner(CliRunner):
         pairs = [("sandbox_mode", toml_str(self.sandbox)), ("approval_policy", toml_str("never"))]
         if cfg.model:
             pairs.append(("model", toml_str(cfg.model)))
+        if self.context_window:
+            # The CLI's own compaction threshold is a token count: the same share of the window as Claude's.
+            pairs.append(("model_auto_compact_token_limit", str(self.context_window * self.autocompact_pct // 100)))
         if cfg.base_url:
             p = f"model_providers.{PROVIDER}"
             pairs += [

@@ -57,7 +57,11 @@ def make_runner(cfg: Config, env: Mapping[str, str], paths: Paths) -> Runner:
         from evolve.agent.codex import CodexRunner
 
         return CodexRunner(
-            cfg.agent, env, context_window=cfg.context.context_window, worktree=cfg.git.isolation == "worktree"
+            cfg.agent,
+            env,
+            context_window=cfg.context.context_window,
+            worktree=cfg.git.isolation == "worktree",
+            autocompact_pct=cfg.context.autocompact_pct,
         )
     if kind == "gemini":
         from evolve.agent.gemini import GeminiRunner
