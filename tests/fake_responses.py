@@ -99,7 +99,10 @@ class FakeResponses:
                     err = turn.get("error") or {"type": "server_error", "message": "scripted error"}
                     self._json(int(turn["status"]), {"error": err}, turn.get("headers"))
                     return
-                self._stream(body, turn)
+                try:
+                    self._stream(body, turn)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (a hang it was killed for): nothing to answer
 
             def _stream(self, body: dict[str, Any], turn: dict[str, Any]) -> None:
                 rid = f"resp_{uuid.uuid4().hex[:12]}"

@@ -18,6 +18,8 @@ from fake_anthropic import report_text
 from fake_responses import FakeResponses, input_texts
 from support import Env, entry, git, live, results
 
+from evolve.procgroup import group_alive
+
 KEY = "sk-codex-dummy-test-key"
 
 CODEX = cli_binary("codex", "EVOLVE_TEST_CODEX")
@@ -208,6 +210,19 @@ def test_rate_limit_beyond_the_budget_exits_75_and_keeps_the_item(env: Env, cli,
     assert (e["result"], e["error_class"]) == ("failed", "limit")
     assert live(env.paths.nextwork)[0]["items"][0]["claim_status"] == "available"
     assert env.state()["consecutive_failures"] == 0
+    assert_git_sane(env)
+
+
+def test_a_hang_is_killed_by_the_idle_timeout_with_its_process_group(env: Env, cli, fake: FakeResponses) -> None:
+    env.write_config(agent={"idle_timeout_s": 3, "transient_retries": 0})
+    env.queue(entry("a"))
+    fake.add({"hang": 60, "text": "late"})
+    r = cli("fire", "--cycles", "1", extra_env=codex_env(env))
+    e = env.ledger()[-1]
+    assert (e["result"], e["error_class"]) == ("failed", "timeout") and "idle" in e["error"]
+    pgids = [ev["pgid"] for ev in r.events() if ev["event"] == "agent.started"]
+    assert pgids and not group_alive(pgids[0])
+    assert git(env.repo, "status", "--porcelain").strip() == ""
     assert_git_sane(env)
 
 
