@@ -167,7 +167,7 @@ class Config:
 SECTIONS: dict[str, type] = typing.get_type_hints(Config)
 
 ENUMS: dict[tuple[str, str], tuple[str, ...]] = {
-    ("agent", "runner"): ("claude", "command", "http"),
+    ("agent", "runner"): ("claude", "codex", "gemini", "command", "http"),
     ("fire", "mode"): ("burst", "loop"),
     ("git", "isolation"): ("worktree", "none"),
 }

@@ -6,11 +6,12 @@ TEMPLATE = """\
 # Unknown keys and wrong types are errors (exit 78) that name the key and this file.
 
 [agent]
-# runner = "claude"          # claude | command | http
-# argv = ["claude"]          # claude: the binary (+ fixed args); command: argv template with
+# runner = "claude"          # claude | codex | gemini | command | http
+# argv = ["claude"]          # claude/codex/gemini: the binary (+ fixed args); command: argv template with
 #                            # {prompt_file} {report_file} {session_id} {mode} {work_json} {cycle}
-# model = ""                 # claude / http
-# permission_mode = "acceptEdits"
+# model = ""                 # claude / codex / gemini / http
+# permission_mode = "acceptEdits"   # claude's mode; codex: a sandbox_mode (default workspace-write);
+#                                   # gemini: an --approval-mode (default auto_edit)
 # allowed_tools = []
 # timeout_s = 1800           # hard limit per agent run; the agent's process group is killed
 # idle_timeout_s = 600       # no output for this long = hung
@@ -19,21 +20,23 @@ TEMPLATE = """\
 # retry_backoff_s = 30       # first backoff; doubles per retry (a rate limit waits for its reset instead)
 # max_turns = 0              # 0 = not passed
 # max_budget_usd = 0         # 0 = not passed
-# base_url = ""              # http runner
-# api_key_env = "OPENAI_API_KEY"   # http runner: env var holding the bearer token (never written anywhere)
+# base_url = ""              # http runner; codex: a Responses API provider; gemini: GOOGLE_GEMINI_BASE_URL
+# api_key_env = "OPENAI_API_KEY"   # http / codex: env var holding the bearer token (never written anywhere)
 # message_budget_chars = 200000   # http runner: history characters per call; the pinned system messages
 #                                 # are subtracted once, then the oldest turns are dropped first
 # pass_env = []              # extra env names (or PREFIX_*) the agent gets; it always gets PATH, HOME, locale,
 #                            # TMPDIR, USER, SHELL, TERM, proxies/CA/XDG dirs, git identity, EVOLVE_*, and
-#                            # claude: ANTHROPIC_* CLAUDE_*; command: ANTHROPIC_* CLAUDE_* OPENAI_* + api_key_env.
+#                            # claude: ANTHROPIC_* CLAUDE_*; codex: CODEX_* OPENAI_* (+ api_key_env);
+#                            # gemini: GEMINI_* GOOGLE_*; command: ANTHROPIC_* CLAUDE_* OPENAI_* + api_key_env.
 #                            # Nothing else (GITHUB_TOKEN, AWS_*...) unless listed, e.g. ["AWS_*"] for Bedrock
 
 [context]
 # streak_limit = 2           # heavy cycles before a hand-off; EVOLVE_CONTEXT_STREAK_LIMIT wins over this
 # heavy_pct = 40             # occupancy (input + cache) / window at or above this is a heavy cycle
 # returning_fresh_start_turns = 8   # 0 = turn-gap rule disabled
-# autocompact_pct = 40       # CLAUDE_AUTOCOMPACT_PCT_OVERRIDE given to the claude runner
-# context_window = 0         # 0 = from the agent's own report
+# autocompact_pct = 40       # CLAUDE_AUTOCOMPACT_PCT_OVERRIDE given to the claude runner (codex: with
+#                            # context_window, -c model_auto_compact_token_limit; gemini: `evolve setup`)
+# context_window = 0         # 0 = from the agent's own report (gemini: 1048576)
 
 [fire]
 # max_cycles = 5             # per fire; --cycles overrides

@@ -202,9 +202,66 @@ def check_agent(cfg: Any, repo: Path, env: Mapping[str, str], run: Callable[...,
             out.append(Finding("agent auth", WARN,
                                "no Claude Code credentials found (\"Not logged in\" fails silently)",
                                "run `claude` once as this user and /login, or set ANTHROPIC_API_KEY for the service"))
+    elif a.runner in ("codex", "gemini"):
+        out += check_cli_runner(cfg, path, repo, env, run)
     else:
         out.append(Finding("agent", OK, f"command runner: {path}"))
     return out
+
+
+
+
+def check_cli_runner(cfg: Any, path: str, repo: Path, env: Mapping[str, str],
+                     run: Callable[..., tuple[int | None, str]] = _run) -> list[Finding]:
+    """Codex and Gemini: version, the runner's own preflight (provider config, auth, a sandbox or
+    approval mode that allows edits), and the CLI's telemetry (reported; off is the operator's call)."""
+    from evolve.agent.runners import make_runner, preflight
+    from evolve.paths import Paths
+
+    a = cfg.agent
+    out: list[Finding] = []
+    code, first = run([path, *a.argv[1:], "--version"], cwd=repo, env=dict(env))
+    if code != 0:
+        out.append(Finding("agent", FAIL, f"`{a.argv[0]} --version` failed: {first or 'exit ' + str(code)}",
+                           f"reinstall {preflight.NPM[a.runner]}, or check that node is on PATH"))
+    else:
+        out.append(Finding("agent", OK, f"{path} ({first})"))
+    runner = make_runner(cfg, env, Paths.for_repo(repo, env=env))
+    problem = preflight(runner)
+    mode = getattr(runner, "sandbox", None) or getattr(runner, "approval_mode", "")
+    if problem:
+        out.append(Finding("agent config", FAIL, problem, "see the README's section on this runner"))
+    else:
+        where = a.base_url or "the CLI's own provider config"
+        out.append(Finding("agent config", OK, f"{a.runner}: {where}; edits allowed ({mode})"))
+    out.append(_telemetry(a.runner, env))
+    return out
+
+
+def _telemetry(runner: str, env: Mapping[str, str]) -> Finding:
+    import json
+    import tomllib
+
+    if runner == "codex":
+        home = Path(env["CODEX_HOME"]) if env.get("CODEX_HOME") else Path(env.get("HOME") or Path.home()) / ".codex"
+        try:
+            with open(home / "config.toml", "rb") as fh:
+                on = (tomllib.load(fh).get("analytics") or {}).get("enabled", True) is not False
+        except (OSError, tomllib.TOMLDecodeError, AttributeError):
+            on = True
+        how = f"[analytics] enabled = false in {home}/config.toml"
+    else:
+        settings = Path(env.get("GEMINI_CLI_HOME") or env.get("HOME") or Path.home()) / ".gemini" / "settings.json"
+        try:
+            obj = json.loads(settings.read_bytes())
+            on = (obj.get("privacy") or {}).get("usageStatisticsEnabled", True) is not False
+        except (OSError, ValueError, AttributeError):
+            on = True
+        how = f'"privacy": {{"usageStatisticsEnabled": false}} in {settings}'
+    if on:
+        # Reported, not failed: evolve needs nothing from it either way; unattended operators may want it off.
+        return Finding("agent telemetry", OK, f"{runner} usage statistics on (the CLI's default); to turn off: {how}")
+    return Finding("agent telemetry", OK, f"{runner} usage statistics off")
 
 
 def check_claudecode(env: Mapping[str, str]) -> Finding:

@@ -129,6 +129,7 @@ EXEMPT = {
     "store/markers.py": "marker primitives",
     "procgroup.py:_start": "no content", "procgroup.py:kill_group": "no content",
     "harness/autocompact.py": "the operator's settings.json, keys evolve owns",
+    "harness/compaction.py": "the operator's Gemini settings.json: one number evolve owns, other keys as read",
     "harness/hooks.py": "hook output: cycle-state, already redacted at its sink",
     "agent/claude.py": "prompt/system exchange files, deleted after the run; output via run_group's redactor",
     "agent/command.py": "prompt/report exchange files, deleted after the run; output via run_group's redactor",

@@ -14,6 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+# The npm package of each CLI runner, for the install hint.
+NPM = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex", "gemini": "@google/gemini-cli"}
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -43,7 +46,7 @@ def check(agent: Any, env: Mapping[str, str]) -> tuple[list[Problem], str | None
     binary = agent.argv[0]
     path = which(binary, env)
     if path is None:
-        fix = ("install Claude Code (npm install -g @anthropic-ai/claude-code) or set [agent] argv to its path"
-               if agent.runner == "claude" else "fix [agent] argv[0], or put it on the PATH evolve runs with")
+        fix = (f"install it (npm install -g {NPM[agent.runner]}) or set [agent] argv to its path"
+               if agent.runner in NPM else "fix [agent] argv[0], or put it on the PATH evolve runs with")
         return [Problem(f"{binary!r} not found on PATH", fix)], None
     return [], path

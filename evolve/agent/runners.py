@@ -11,6 +11,9 @@ from evolve.agent.report import AgentReport
 from evolve.config import Config
 from evolve.paths import Paths
 
+# The CLI runners: a failed run has already made the conversation, so its retry resumes it.
+RESUMING_CLIS = ("claude", "codex", "gemini")
+
 
 class Runner(Protocol):
     name: str
@@ -29,6 +32,15 @@ class Runner(Protocol):
     ) -> AgentReport: ...
 
 
+def preflight(runner: Runner) -> str | None:
+    """A configuration problem that would fail every run (None: none seen), checked before any claim.
+
+    Optional on a runner: the CLI runners have one (:meth:`evolve.agent.clirun.CliRunner.preflight`).
+    """
+    check = getattr(runner, "preflight", None)
+    return check() if callable(check) else None
+
+
 def make_runner(cfg: Config, env: Mapping[str, str], paths: Paths) -> Runner:
     kind = cfg.agent.runner
     if kind == "http":
@@ -41,6 +53,20 @@ def make_runner(cfg: Config, env: Mapping[str, str], paths: Paths) -> Runner:
         return ClaudeRunner(
             cfg.agent, env, autocompact_pct=cfg.context.autocompact_pct, context_window=cfg.context.context_window
         )
+    if kind == "codex":
+        from evolve.agent.codex import CodexRunner
+
+        return CodexRunner(
+            cfg.agent,
+            env,
+            context_window=cfg.context.context_window,
+            worktree=cfg.git.isolation == "worktree",
+            autocompact_pct=cfg.context.autocompact_pct,
+        )
+    if kind == "gemini":
+        from evolve.agent.gemini import GeminiRunner
+
+        return GeminiRunner(cfg.agent, env, context_window=cfg.context.context_window)
     from evolve.agent.command import CommandRunner
 
     return CommandRunner(cfg.agent, env)

@@ -181,14 +181,19 @@ def to_report(state: StreamState, *, output_tail: str, window_override: int = 0)
         return AgentReport(
             "improved", disposition="no report block", summary=str(res.get("result") or "")[:500], **common
         )
+    return block_report(block, common)
+
+
+def block_report(block: dict[str, Any], common: dict[str, Any]) -> AgentReport:
+    """The agent's own report block, with what the stream (not the agent) says laid over it."""
     parsed = parse_report(block)
     return AgentReport(
         **{
             **parsed.__dict__,
             **common,
             "context_heavy": parsed.context_heavy,
-            "compacted": parsed.compacted or common["compacted"],
-            "warnings": [*parsed.warnings, *common["warnings"]],
+            "compacted": parsed.compacted or common.get("compacted", False),
+            "warnings": [*parsed.warnings, *common.get("warnings", [])],
         }
     )
 

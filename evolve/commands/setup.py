@@ -1,4 +1,7 @@
-"""``evolve setup``: the harness autocompact setting (and the SessionStart hooks) in ``.claude/settings.json``."""
+"""``evolve setup``: the harness autocompact setting (and the SessionStart hooks) in ``.claude/settings.json``.
+
+With ``[agent] runner = "codex"`` or ``"gemini"`` it handles that CLI's own compaction setting
+instead (:mod:`evolve.harness.compaction`)."""
 
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ def run(args: argparse.Namespace) -> int:
 
     autocompact.check_pct(args.autocompact_pct)  # a bad flag exits 2 before anything is read or written
     repo = repo_of(args)
+    if _other_cli(args, repo):
+        return 0
     interactive = args.autocompact_pct is None and not args.yes and not args.no_autocompact and sys.stdin.isatty()
     ask = _ask if interactive else None
     result = autocompact.setup(
@@ -38,6 +43,24 @@ def run(args: argparse.Namespace) -> int:
     if not result.wrote and not args.no_autocompact:
         print(f"{result.path} unchanged")
     return 0
+
+
+def _other_cli(args: argparse.Namespace, repo) -> bool:
+    """Codex and Gemini keep their compaction threshold in their own settings; True when handled here."""
+    from evolve import config as configmod
+    from evolve.paths import Paths
+
+    cfg = configmod.load(Paths.for_repo(repo, env=os.environ).config, os.environ)
+    if cfg.agent.runner not in ("codex", "gemini") or args.no_autocompact:
+        return False
+    from evolve.harness import compaction
+
+    pct = int(args.autocompact_pct) if args.autocompact_pct is not None else cfg.context.autocompact_pct
+    done = compaction.setup(cfg.agent.runner, os.environ, pct=pct, keep=args.autocompact_pct is None,
+                            context_window=cfg.context.context_window)
+    for line in done.messages:
+        print(line)
+    return True
 
 
 def _ask(prompt: str) -> str:

@@ -1,6 +1,7 @@
 """What ``evolve fire --dry-run`` shows (docs/DESIGN.md §4.5): Step 1, the ladder and the exact agent call.
 
 Pure assembly of what the fire evaluated without applying anything; the fire gathers the parts.
+The runner's preflight is here too: the dry run shows it, and a real fire refuses to start on it.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from typing import Any
 
 from evolve.agent.command import prompt_text
 from evolve.agent.invocation import Invocation
+from evolve.agent.runners import Runner, preflight
 from evolve.cycle import halt
 from evolve.harness.plan import AgentPlan
 from evolve.work import ladder
@@ -41,10 +43,18 @@ def selection_json(cycle: int, sel: ladder.Selection, generated: list[dict[str, 
     return out
 
 
-def agent_json(
-    plan: AgentPlan, inv: Invocation, argv: list[str], env_changes: dict[str, str], runner: str = ""
-) -> dict[str, Any]:
-    """The planned agent call; ``prompt`` is exactly what the runner hands over (a command agent's file)."""
+def agent_json(plan: AgentPlan, inv: Invocation, runner: Runner) -> dict[str, Any]:
+    """The exact call: argv, the env changes, the prompt, and what the runner's preflight says of its config."""
     d = plan.decision
-    prompt = prompt_text(inv) if runner == "command" else inv.prompt
-    return {"mode": d.mode, "reason": d.reason, "argv": argv, "env": env_changes, "prompt": prompt}
+    argv, env_changes = runner.plan(inv)
+    return {
+        "runner": runner.name,
+        "mode": d.mode,
+        "reason": d.reason,
+        "argv": argv,
+        "env": env_changes,
+        # The brief; for a command agent exactly what its prompt file holds (with the report contract).
+        "prompt": prompt_text(inv) if runner.name == "command" else inv.prompt,
+        "preflight": preflight(runner) or "ok",
+    }
+

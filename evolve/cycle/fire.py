@@ -27,7 +27,7 @@ from evolve.agent import prompt, retry
 from evolve.agent import session as sessions
 from evolve.agent.invocation import Invocation
 from evolve.agent.report import AgentReport, redacted
-from evolve.agent.runners import Runner, make_runner
+from evolve.agent.runners import RESUMING_CLIS, Runner, make_runner, preflight
 from evolve.childenv import seal_own_environ
 from evolve.config import Config
 from evolve.cycle import budget, dryrun, halt, recovery, retention, scout, side, transition, watch, workspace
@@ -240,6 +240,12 @@ class Fire:
     def _preflight(self) -> bool:
         """The runner preflight (what `doctor` checks cheaply) before any claim: a config error is not the item's."""
         problems, _ = agent_preflight.check(self.cfg.agent, self.env)
+        if not problems:
+            # The runner's own check of what its CLI needs (a provider config, a sandbox that allows edits).
+            own = preflight(self._runner())
+            if own is not None:
+                problems = [agent_preflight.Problem(redact.current().text(own)[:300],
+                                                    "see `evolve doctor` and the README's runner section")]
         for p in problems:
             self.log.error("preflight.failed", error=p.message, fix=p.fix, runner=self.cfg.agent.runner)
         if problems:
@@ -477,8 +483,7 @@ class Fire:
                     return AgentReport("failed", error_class="interrupted", error=f"{self.halted}: retry wait ended")
                 return report
             attempt += 1
-            if report.session_id and self.cfg.agent.runner == "claude":
-                # The failed run already created the conversation: carry on in it ("resume" mode).
+            if report.session_id and self.cfg.agent.runner in RESUMING_CLIS:  # carry on in the conversation
                 inv = replace(inv, mode="resume", resume=True, session_id=report.session_id)
 
     def _goals_before(self) -> tuple[Any, dict[str, Any] | None]:
@@ -658,9 +663,9 @@ class Fire:
             self.log.error("claim.error", error=str(exc))
             raise
         try:
-            if src is not None and t.claim is transition.ClaimAction.RELEASE and t.park is not None:
-                if not self._park(src, item, stamp, t.park):
-                    t.state.parked_items.remove(item.ref)  # not held out (a goal): not listed as parked
+            released = src is not None and t.claim is transition.ClaimAction.RELEASE
+            if released and src is not None and t.park is not None and not self._park(src, item, stamp, t.park):
+                t.state.parked_items.remove(item.ref)  # not held out (a goal): not listed as parked
             if t.queue_new_work:
                 scout.queue_new_work(self.ctx, cycle, list(report.new_work), epic=f"evolve-cycle-{cycle}")
         except (SourceError, OSError) as exc:
@@ -735,9 +740,8 @@ class Fire:
                 ws = workspace.open_workspace(self.paths.repo, self.paths.evolve_dir, self.cfg.git,
                                               self.gate.git_policy, self.log, self.paths.landing_intent)
                 plan["workspace"] = workspace.describe(ws)
-                argv, env_changes = self._runner().plan(replace(inv, repo=ws.tree))
                 plan["selection"] = {**sel.item.as_json(), "ref": sel.item.ref, "rung": sel.rung}
-                plan["agent"] = dryrun.agent_json(agent_plan, inv, argv, env_changes, self.cfg.agent.runner)
+                plan["agent"] = dryrun.agent_json(agent_plan, replace(inv, repo=ws.tree), self._runner())
         self.log.info("fire.dry_run", **{k: v for k, v in plan.items() if k != "agent"})
         out = FireOutcome(exitcodes.OK, "dry-run", halt=d.halt)
         out.entries.append(plan)
