@@ -17,6 +17,7 @@ from support import Env, entry, improved_step
 
 from evolve import gitops, log, procgroup
 from evolve.cycle.fire import Fire, FireOptions
+from evolve.cycle.gate import Gate
 
 HANG_GUARD_S = 120.0
 
@@ -105,8 +106,18 @@ def test_every_child_is_capped_by_the_remaining_budget(monkeypatch: pytest.Monke
 
 def test_a_gate_past_max_minutes_is_killed_and_the_cycle_fails(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(procgroup, "STEP_GRACE_S", 1.0)
-    # The fire is out of time once the agent is done: its remaining budget reads negative from then on.
-    monkeypatch.setattr(Fire, "_remaining_s", lambda self: -1.0)
+    # The fire runs out of time as its gate starts: its remaining budget reads negative from then on.
+    # (Out of time from the start, the 1 s grace would cap the agent and git too, which a loaded machine
+    # may not start within it.)
+    over = threading.Event()
+    real = Gate.run_commands
+
+    def run_commands(self: Gate, *args: object, **kwargs: object) -> object:
+        over.set()
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Gate, "run_commands", run_commands)
+    monkeypatch.setattr(Fire, "_remaining_s", lambda self: -1.0 if over.is_set() else 3600.0)
     hang = [sys.executable, "-c", "import time; time.sleep(90)"]  # exit 0 if nothing stops it
     env.write_config(gate={"commands": [hang], "timeout_s": 1800}, fire={"max_minutes": 30})
     env.queue(entry("a"))
