@@ -136,7 +136,9 @@ def test_a_gate_past_max_minutes_is_killed_and_the_cycle_fails(env: Env, monkeyp
 def test_a_hanging_commit_hook_fails_the_commit_and_the_fire_ends(env: Env) -> None:
     pidfile = env.root / "hook-child.pid"
     _hanging_hook(env.repo, "post-commit", pidfile)
-    env.write_config(git={"run_hooks": True, "timeout_s": 1})
+    # Every git call of the fire gets this limit: long enough for a loaded machine's worktree and
+    # status calls, far short of the hook's 600 s.
+    env.write_config(git={"run_hooks": True, "timeout_s": 8})
     env.queue(entry("a"))
     env.steps([improved_step()])
     logfile = env.root / "log.jsonl"
