@@ -197,3 +197,28 @@ def test_doctor_checks_the_cli_runner_preflight(env: Env, cli, runner: str) -> N
     assert found["agent config"]["level"] == "OK", found["agent config"]
     assert "edits allowed" in found["agent config"]["message"]
     assert found["agent telemetry"]["message"] == f"{runner} usage statistics off"
+
+
+def test_the_fires_preflight_asks_the_runner_only_once_the_cheap_checks_pass(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from evolve.agent import preflight
+
+    asked: list[int] = []
+
+    def own(answer: str | None):
+        def call() -> str | None:
+            asked.append(1)
+            return answer
+        return call
+
+    missing = SimpleNamespace(runner="codex", argv=[str(tmp_path / "no-codex")], base_url="")
+    (p,) = preflight.before_claim(missing, {"PATH": ""}, own("never asked"))
+    assert "not found" in p.message and "@openai/codex" in p.fix and asked == []
+    binary = tmp_path / "codex"
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    present = SimpleNamespace(runner="codex", argv=[str(binary)], base_url="")
+    assert preflight.before_claim(present, {"PATH": ""}, own(None)) == [] and asked == [1]
+    (p,) = preflight.before_claim(present, {"PATH": ""}, own("no provider config in $CODEX_HOME"))
+    assert p.message == "no provider config in $CODEX_HOME" and "evolve doctor" in p.fix

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,3 +50,18 @@ def check(agent: Any, env: Mapping[str, str]) -> tuple[list[Problem], str | None
                if agent.runner in NPM else "fix [agent] argv[0], or put it on the PATH evolve runs with")
         return [Problem(f"{binary!r} not found on PATH", fix)], None
     return [], path
+
+
+def before_claim(agent: Any, env: Mapping[str, str], own: Callable[[], str | None]) -> list[Problem]:
+    """Everything a fire checks before it claims work: the cheap checks above, then (when they pass)
+    the runner's own check of what its CLI needs (``own``: a provider config, a sandbox that allows
+    edits; :func:`evolve.agent.runners.preflight`). Its words may quote config, so they are masked."""
+    problems, _ = check(agent, env)
+    if problems:
+        return problems
+    problem = own()
+    if problem is None:
+        return []
+    from evolve import redact
+
+    return [Problem(redact.current().text(problem)[:300], "see `evolve doctor` and the README's runner section")]

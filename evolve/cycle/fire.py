@@ -237,15 +237,10 @@ class Fire:
         self.ws = ws
         self.selector.work_in(ws.tree)
         return True
+
     def _preflight(self) -> bool:
         """The runner preflight (what `doctor` checks cheaply) before any claim: a config error is not the item's."""
-        problems, _ = agent_preflight.check(self.cfg.agent, self.env)
-        if not problems:
-            # The runner's own check of what its CLI needs (a provider config, a sandbox that allows edits).
-            own = preflight(self._runner())
-            if own is not None:
-                problems = [agent_preflight.Problem(redact.current().text(own)[:300],
-                                                    "see `evolve doctor` and the README's runner section")]
+        problems = agent_preflight.before_claim(self.cfg.agent, self.env, lambda: preflight(self._runner()))
         for p in problems:
             self.log.error("preflight.failed", error=p.message, fix=p.fix, runner=self.cfg.agent.runner)
         if problems:
