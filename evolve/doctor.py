@@ -175,8 +175,10 @@ def check_agent(cfg: Any, repo: Path, env: Mapping[str, str], run: Callable[...,
 
     a = cfg.agent
     out: list[Finding] = []
-    problems, path = preflight.check(a, env)  # the same checks every fire runs before claiming work
-    out.extend(Finding("agent", FAIL, p.message, p.fix) for p in problems)
+    problems, path = preflight.check(a, env, worktree=cfg.git.isolation == "worktree")  # what every fire checks
+    # With the binary found, a problem is the CLI's own configuration (Codex, Gemini): shown as such,
+    # beside the CLI's version.
+    out.extend(Finding("agent" if path is None else "agent config", FAIL, p.message, p.fix) for p in problems)
     if a.runner == "http":
         if not problems:
             out.append(Finding("agent", OK, f"http runner, {a.base_url}"))
@@ -184,7 +186,7 @@ def check_agent(cfg: Any, repo: Path, env: Mapping[str, str], run: Callable[...,
             out.append(Finding("agent auth", WARN, f"${a.api_key_env} is not set",
                                f"export {a.api_key_env} in the service environment (or change [agent] api_key_env)"))
         return out
-    if problems or path is None:
+    if path is None:
         return out
     binary = a.argv[0]
     if a.runner == "claude":
@@ -203,7 +205,7 @@ def check_agent(cfg: Any, repo: Path, env: Mapping[str, str], run: Callable[...,
                                "no Claude Code credentials found (\"Not logged in\" fails silently)",
                                "run `claude` once as this user and /login, or set ANTHROPIC_API_KEY for the service"))
     elif a.runner in ("codex", "gemini"):
-        out += check_cli_runner(cfg, path, repo, env, run)
+        out += check_cli_runner(cfg, path, repo, env, run, config_failed=bool(problems))
     else:
         out.append(Finding("agent", OK, f"command runner: {path}"))
     return out
@@ -212,11 +214,12 @@ def check_agent(cfg: Any, repo: Path, env: Mapping[str, str], run: Callable[...,
 
 
 def check_cli_runner(cfg: Any, path: str, repo: Path, env: Mapping[str, str],
-                     run: Callable[..., tuple[int | None, str]] = _run) -> list[Finding]:
-    """Codex and Gemini: version, the runner's own preflight (provider config, auth, a sandbox or
-    approval mode that allows edits), and the CLI's telemetry (reported; off is the operator's call)."""
-    from evolve.agent.runners import make_runner, preflight
-    from evolve.paths import Paths
+                     run: Callable[..., tuple[int | None, str]] = _run, *, config_failed: bool = False
+                     ) -> list[Finding]:
+    """Codex and Gemini: version, the runner's own configuration (provider config, auth, a sandbox or
+    approval mode that allows edits: ``config_failed`` when :func:`evolve.agent.preflight.check` already
+    reported it), and the CLI's telemetry (reported; off is the operator's call)."""
+    from evolve.agent import preflight
 
     a = cfg.agent
     out: list[Finding] = []
@@ -226,12 +229,9 @@ def check_cli_runner(cfg: Any, path: str, repo: Path, env: Mapping[str, str],
                            f"reinstall {preflight.NPM[a.runner]}, or check that node is on PATH"))
     else:
         out.append(Finding("agent", OK, f"{path} ({first})"))
-    runner = make_runner(cfg, env, Paths.for_repo(repo, env=env))
-    problem = preflight(runner)
-    mode = getattr(runner, "sandbox", None) or getattr(runner, "approval_mode", "")
-    if problem:
-        out.append(Finding("agent config", FAIL, problem, "see the README's section on this runner"))
-    else:
+    if not config_failed:
+        mode = (preflight.codex_sandbox(a.permission_mode) if a.runner == "codex"
+                else preflight.gemini_approval_mode(a.permission_mode))
         where = a.base_url or "the CLI's own provider config"
         out.append(Finding("agent config", OK, f"{a.runner}: {where}; edits allowed ({mode})"))
     out.append(_telemetry(a.runner, env))
@@ -242,8 +242,10 @@ def _telemetry(runner: str, env: Mapping[str, str]) -> Finding:
     import json
     import tomllib
 
+    from evolve.agent.preflight import codex_home, gemini_home
+
     if runner == "codex":
-        home = Path(env["CODEX_HOME"]) if env.get("CODEX_HOME") else Path(env.get("HOME") or Path.home()) / ".codex"
+        home = codex_home(env)
         try:
             with open(home / "config.toml", "rb") as fh:
                 on = (tomllib.load(fh).get("analytics") or {}).get("enabled", True) is not False
@@ -251,7 +253,7 @@ def _telemetry(runner: str, env: Mapping[str, str]) -> Finding:
             on = True
         how = f"[analytics] enabled = false in {home}/config.toml"
     else:
-        settings = Path(env.get("GEMINI_CLI_HOME") or env.get("HOME") or Path.home()) / ".gemini" / "settings.json"
+        settings = gemini_home(env) / "settings.json"
         try:
             obj = json.loads(settings.read_bytes())
             on = (obj.get("privacy") or {}).get("usageStatisticsEnabled", True) is not False

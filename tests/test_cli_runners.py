@@ -199,26 +199,39 @@ def test_doctor_checks_the_cli_runner_preflight(env: Env, cli, runner: str) -> N
     assert found["agent telemetry"]["message"] == f"{runner} usage statistics off"
 
 
-def test_the_fires_preflight_asks_the_runner_only_once_the_cheap_checks_pass(tmp_path: Path) -> None:
+
+def test_the_preflight_checks_each_clis_own_config_once_its_binary_is_found(tmp_path: Path) -> None:
+    """What every fire, ``status`` and ``doctor`` check before any work is claimed (no process started)."""
     from types import SimpleNamespace
 
     from evolve.agent import preflight
 
-    asked: list[int] = []
+    def agent(runner: str, argv0: Path, **kw: str) -> SimpleNamespace:
+        return SimpleNamespace(**{"runner": runner, "argv": [str(argv0)], "base_url": "", "permission_mode": "",
+                                  "api_key_env": "OPENAI_API_KEY", **kw})
 
-    def own(answer: str | None):
-        def call() -> str | None:
-            asked.append(1)
-            return answer
-        return call
-
-    missing = SimpleNamespace(runner="codex", argv=[str(tmp_path / "no-codex")], base_url="")
-    (p,) = preflight.before_claim(missing, {"PATH": ""}, own("never asked"))
-    assert "not found" in p.message and "@openai/codex" in p.fix and asked == []
-    binary = tmp_path / "codex"
+    binary = tmp_path / "cli"
     binary.write_text("#!/bin/sh\n")
     binary.chmod(0o755)
-    present = SimpleNamespace(runner="codex", argv=[str(binary)], base_url="")
-    assert preflight.before_claim(present, {"PATH": ""}, own(None)) == [] and asked == [1]
-    (p,) = preflight.before_claim(present, {"PATH": ""}, own("no provider config in $CODEX_HOME"))
-    assert p.message == "no provider config in $CODEX_HOME" and "evolve doctor" in p.fix
+    codex_home, gemini_home = tmp_path / "codex-home", tmp_path / "home"
+    env = {"PATH": "", "CODEX_HOME": str(codex_home), "HOME": str(gemini_home)}
+    (p,) = preflight.check(agent("codex", tmp_path / "none"), env)[0]
+    assert "not found" in p.message and "@openai/codex" in p.fix  # the binary first
+    for a, worktree, want in [
+        (agent("codex", binary), False, "no provider config"),
+        (agent("codex", binary, base_url="http://127.0.0.1:1/v1"), False, "$OPENAI_API_KEY is not set"),
+        (agent("codex", binary, permission_mode="read-only"), False, "change nothing"),
+        (agent("codex", binary, permission_mode="danger-full-access"), True, "no provider config"),
+        (agent("codex", binary), True, "refuses every command in evolve's worktree"),
+        (agent("gemini", binary), False, "no auth method"),
+        (agent("gemini", binary, permission_mode="plan"), False, "read-only"),
+    ]:
+        (p,) = preflight.check(a, env, worktree=worktree)[0]
+        assert want in p.message and p.fix, (a, p)
+    codex_home.mkdir()
+    (codex_home / "config.toml").write_text('model_provider = "x"\n')
+    (gemini_home / ".gemini").mkdir(parents=True)
+    (gemini_home / ".gemini" / "settings.json").write_text('{"security": {"auth": {"selectedType": "gemini-api-key"}}}')
+    assert preflight.check(agent("codex", binary), env) == ([], str(binary))
+    assert preflight.check(agent("gemini", binary, permission_mode="yolo"), env) == ([], str(binary))
+    assert preflight.check(agent("codex", binary, base_url="http://x/v1"), {**env, "OPENAI_API_KEY": "k"})[0] == []

@@ -168,6 +168,11 @@ def test_no_provider_config_is_a_configuration_error_before_any_claim(env: Env, 
     assert env.ledger() == [] and fake.requests == []
     assert env.paths.nextwork.read_bytes() == queued  # nothing was claimed
     assert git(env.repo, "rev-parse", "HEAD").strip() == head and git(env.repo, "status", "--porcelain").strip() == ""
+    # status says so too, from the same check (no process started), and doctor names the fix.
+    s = cli("status", extra_env=codex_env(env))
+    assert s.code == 1 and "DEGRADED" in s.stdout and "no provider config" in s.stdout
+    d = cli("doctor", extra_env=codex_env(env))
+    assert "no provider config" in d.stdout and "set [agent] base_url" in d.stdout
     assert_git_sane(env)
 
 

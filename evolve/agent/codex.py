@@ -36,14 +36,14 @@ from typing import Any
 
 import orjson
 
-from evolve.agent import stream
+from evolve.agent import preflight, stream
 from evolve.agent.clirun import CliRunner, Finished, invalid_session_report
 from evolve.agent.invocation import Invocation
 from evolve.agent.report import AgentReport, Usage, session_id_or_none
 from evolve.config import AgentConfig
 
 CODEX_ENV = ("CODEX_*", "OPENAI_*")
-SANDBOXES = ("read-only", "workspace-write", "danger-full-access")
+SANDBOXES = preflight.CODEX_SANDBOXES
 PROVIDER = "evolve"  # the provider name evolve's -c overrides define when [agent] base_url is set
 _INVALID = ("no rollout found for thread id", "thread/resume failed")
 _AUTH = ("401", "403", "unauthorized", "forbidden", "incorrect api key", "invalid api key", "invalid_api_key")
@@ -131,10 +131,7 @@ class RolloutReading:
     compactions: int
 
 
-def codex_home(env: dict[str, str]) -> Path:
-    if env.get("CODEX_HOME"):
-        return Path(env["CODEX_HOME"])
-    return Path(env.get("HOME") or str(Path.home())) / ".codex"
+codex_home = preflight.codex_home  # where the CLI keeps its config and sessions
 
 
 def rollout_file(home: Path, thread_id: str) -> Path | None:
@@ -202,7 +199,7 @@ class CodexRunner(CliRunner):
     @property
     def sandbox(self) -> str:
         """``[agent] permission_mode`` when it is a Codex sandbox mode; otherwise one that allows edits."""
-        return self.cfg.permission_mode if self.cfg.permission_mode in SANDBOXES else "workspace-write"
+        return preflight.codex_sandbox(self.cfg.permission_mode)
 
     def _overrides(self) -> list[str]:
         cfg = self.cfg
@@ -247,21 +244,8 @@ class CodexRunner(CliRunner):
         return inv.orientation.resumed_prompt() if inv.resume else inv.orientation.full() + "\n"
 
     def preflight(self) -> str | None:
-        if self.sandbox == "read-only":
-            return 'runner codex: permission_mode = "read-only" lets the agent change nothing'
-        if self.worktree and self.sandbox == "workspace-write":
-            return ("runner codex: its workspace-write sandbox refuses every command in evolve's worktree "
-                    '(the .agents link); set [git] isolation = "none", or [agent] permission_mode = '
-                    '"danger-full-access" where the service itself is sandboxed')
-        if self.cfg.base_url:
-            if not self.base_env.get(self.cfg.api_key_env):
-                return f"runner codex: ${self.cfg.api_key_env} is not set (the provider's env_key)"
-            return None
-        home = codex_home(self.base_env)
-        if not (home / "config.toml").is_file() and not (home / "auth.json").is_file():
-            return (f"runner codex: no provider config ({home}/config.toml) and no login ({home}/auth.json); "
-                    "set [agent] base_url, or configure the CLI as the user evolve runs as")
-        return None
+        problem = preflight.runner_problem(self.cfg, self.base_env, worktree=self.worktree)
+        return None if problem is None else f"{problem.message}; {problem.fix}"
 
     # -- the stream ------------------------------------------------------------------------
 

@@ -28,20 +28,19 @@ first prompt, and a resumed run gets the resumed prompt (the dynamic block first
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from evolve.agent import stream
+from evolve.agent import preflight, stream
 from evolve.agent.clirun import CliRunner, Finished, invalid_session_report
 from evolve.agent.invocation import Invocation
 from evolve.agent.report import AgentReport, Usage, session_id_or_none
 
 GEMINI_ENV = ("GEMINI_*", "GOOGLE_*")
-APPROVAL_MODES = ("default", "auto_edit", "yolo", "plan")
+APPROVAL_MODES = preflight.GEMINI_APPROVAL_MODES
 DEFAULT_WINDOW = 1_048_576  # the CLI's tokenLimit for current models; it never reports one
 EXIT_AUTH = 41  # "Invalid auth method selected."
 EXIT_SESSION = 42  # "Error resuming session: Invalid session identifier"
@@ -106,8 +105,7 @@ class GeminiState:
         return {"turns": self.turns}
 
 
-def gemini_home(env: Mapping[str, str]) -> Path:
-    return Path(env.get("GEMINI_CLI_HOME") or env.get("HOME") or str(Path.home())) / ".gemini"
+gemini_home = preflight.gemini_home  # where the CLI keeps its settings and chats
 
 
 def chat_file(home: Path, session_id: str) -> Path | None:
@@ -157,15 +155,7 @@ def classify(text: str) -> tuple[str, bool]:
     return "transient", False
 
 
-def settings_auth(home: Path) -> str | None:
-    """``security.auth.selectedType`` from the user settings, when it is set."""
-    try:
-        obj = orjson.loads((home / "settings.json").read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None
-    auth = ((obj.get("security") or {}).get("auth") or {}) if isinstance(obj, dict) else {}
-    kind = auth.get("selectedType") if isinstance(auth, dict) else None
-    return kind if isinstance(kind, str) and kind else None
+settings_auth = preflight.gemini_auth
 
 
 class GeminiRunner(CliRunner):
@@ -175,7 +165,7 @@ class GeminiRunner(CliRunner):
     @property
     def approval_mode(self) -> str:
         """``[agent] permission_mode`` when it is a Gemini approval mode; otherwise one that allows edits."""
-        return self.cfg.permission_mode if self.cfg.permission_mode in APPROVAL_MODES else "auto_edit"
+        return preflight.gemini_approval_mode(self.cfg.permission_mode)
 
     def argv(self, inv: Invocation) -> list[str]:
         argv = [*self.cfg.argv, "-p", "", "--output-format", "stream-json", "--approval-mode", self.approval_mode,
@@ -201,13 +191,8 @@ class GeminiRunner(CliRunner):
         return inv.orientation.resumed_prompt() if inv.resume else inv.orientation.full() + "\n"
 
     def preflight(self) -> str | None:
-        if self.approval_mode == "plan":
-            return 'runner gemini: permission_mode = "plan" is read-only: the agent could change nothing'
-        home = gemini_home(self.base_env)
-        if settings_auth(home) is None and not self.base_env.get("GOOGLE_GENAI_USE_VERTEXAI"):
-            return (f"runner gemini: no auth method in {home}/settings.json (security.auth.selectedType, e.g. "
-                    '"gemini-api-key"); the CLI exits before any request without one')
-        return None
+        problem = preflight.runner_problem(self.cfg, self.base_env)
+        return None if problem is None else f"{problem.message}; {problem.fix}"
 
     # -- the stream ------------------------------------------------------------------------
 

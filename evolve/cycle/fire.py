@@ -27,7 +27,7 @@ from evolve.agent import prompt, retry
 from evolve.agent import session as sessions
 from evolve.agent.invocation import Invocation
 from evolve.agent.report import AgentReport, redacted
-from evolve.agent.runners import RESUMING_CLIS, Runner, make_runner, preflight
+from evolve.agent.runners import RESUMING_CLIS, Runner, make_runner
 from evolve.childenv import seal_own_environ
 from evolve.config import Config
 from evolve.cycle import budget, dryrun, halt, recovery, retention, scout, side, transition, watch, workspace
@@ -240,7 +240,7 @@ class Fire:
 
     def _preflight(self) -> bool:
         """The runner preflight (what `doctor` checks cheaply) before any claim: a config error is not the item's."""
-        problems = agent_preflight.before_claim(self.cfg.agent, self.env, lambda: preflight(self._runner()))
+        problems, _ = agent_preflight.check(self.cfg.agent, self.env, worktree=self.cfg.git.isolation == "worktree")
         for p in problems:
             self.log.error("preflight.failed", error=p.message, fix=p.fix, runner=self.cfg.agent.runner)
         if problems:

@@ -434,7 +434,7 @@ def _preflight(cfg: Any, env: Mapping[str, str]) -> list[str]:
     """The runner preflight every fire runs (agent/preflight.py), seen from this environment."""
     from evolve.agent import preflight
 
-    problems, _ = preflight.check(cfg.agent, env)
+    problems, _ = preflight.check(cfg.agent, env, worktree=cfg.git.isolation == "worktree")
     return [f"agent preflight fails (fires exit 78 before claiming work): {p.message}; fix: {p.fix}"
             for p in problems]
 
