@@ -297,11 +297,13 @@ def test_did_you_mean_for_config_keys_and_the_command_line(env: Env, cli, tmp_pa
     assert r.code == 2 and "--jsno -> --json" in r.stderr
     # --repo after the subcommand, from a directory outside any repository.
     out = subprocess.run([sys.executable, "-m", "evolve", "status", "--json", "--repo", str(env.repo)],
-                         capture_output=True, text=True, cwd=tmp_path, env=env.env(), timeout=60)
+                         capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                         env=env.env(PYTHONPATH=str(Path(__file__).resolve().parents[1])))  # this tree's evolve
     assert out.returncode == 0, out.stderr
     assert orjson.loads(out.stdout)["repo"] == str(env.repo.resolve())
     nested = subprocess.run([sys.executable, "-m", "evolve", "handoff", "continue", "--repo", str(env.repo)],
-                            capture_output=True, text=True, cwd=tmp_path, env=env.env(), timeout=60)
+                            capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                         env=env.env(PYTHONPATH=str(Path(__file__).resolve().parents[1])))  # this tree's evolve
     assert nested.returncode == 0, nested.stderr
     assert env.paths.handoff_pending.exists()
 
