@@ -78,8 +78,11 @@ _PROGRAM_DEFAULTS = {"gpg.program": "gpg", "gpg.openpgp.program": "gpg", "gpg.x5
                      "gpg.ssh.program": "ssh-keygen", "core.sshcommand": "ssh", "core.pager": "cat",
                      "core.editor": "true", "sequence.editor": "true"}
 # Subcommands that may read or write work-tree content (filters, merge drivers), sign, or reach a remote.
-_CONTENT = frozenset({"add", "apply", "checkout", "checkout-index", "commit", "commit-tree", "push", "reset",
-                      "restore", "revert", "stash", "status"})
+# A file written into a work tree runs the smudge filter (``worktree add``, ``merge``, ``rebase``,
+# ``read-tree -u``); comparing one with the index may run the clean filter (``diff``, ``rm``).
+_CONTENT = frozenset({"add", "apply", "checkout", "checkout-index", "cherry-pick", "clean", "commit",
+                      "commit-tree", "diff", "diff-files", "diff-index", "ls-files", "merge", "push", "read-tree",
+                      "rebase", "reset", "restore", "revert", "rm", "stash", "status", "update-index", "worktree"})
 
 
 def git_env(policy: GitPolicy = SAFE, *, push: bool = False, source: Mapping[str, str] | None = None) -> dict[str, str]:

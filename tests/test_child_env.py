@@ -69,6 +69,11 @@ def _plant(env: Env) -> Path:
     git(env.repo, "config", "core.fsmonitor", str(env.root / "fsmonitor.sh"))
     _exe(env.root / "clean.sh", f'#!/bin/sh\nenv > "{out}/filter-$$"\ncat\n')
     git(env.repo, "config", "filter.leak.clean", str(env.root / "clean.sh"))
+    # A smudge filter runs whenever git writes a file into a work tree (a worktree made, a branch
+    # fast-forwarded, a tree read back), deterministically, where a clean filter may run only when
+    # the index's stat data is racy.
+    _exe(env.root / "smudge.sh", f'#!/bin/sh\nenv > "{out}/smudge-$$"\ncat\n')
+    git(env.repo, "config", "filter.leak.smudge", str(env.root / "smudge.sh"))
     (env.repo / ".git" / "info").mkdir(exist_ok=True)
     (env.repo / ".git" / "info" / "attributes").write_text("*.txt filter=leak\n")
     return out
