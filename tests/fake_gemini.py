@@ -14,109 +14,48 @@ A turn is a dict: ``{"text": ...}``, ``{"call": {"name": "write_file", "args": {
 from __future__ import annotations
 
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, ClassVar
+
+from fake_server import ScriptedHandler, ScriptedServer
 
 DEFAULT_USAGE = {"promptTokenCount": 1200, "candidatesTokenCount": 40}
 
 
-class FakeGemini:
-    def __init__(self) -> None:
-        self.turns: list[dict[str, Any]] = []
-        self.requests: list[dict[str, Any]] = []
-        self.agent_requests: list[dict[str, Any]] = []
-        self.lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+class GeminiHandler(ScriptedHandler):
+    get_answer: ClassVar[dict[str, Any]] = {"models": []}
 
-    @property
-    def url(self) -> str:
-        host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}"
+    def post(self, fake: Any, body: dict[str, Any]) -> None:
+        if ":countTokens" in self.path:
+            self._json(200, {"totalTokens": 10})
+            return
+        agent = bool(body.get("tools")) and ":streamGenerateContent" in self.path
+        turn = fake._next(body) if agent else {"text": '{"reasoning": "done", "next_speaker": "user"}'}
+        if turn.get("hang"):
+            time.sleep(float(turn["hang"]))
+        if turn.get("status"):
+            status = int(turn["status"])
+            err = {"code": status, "message": "scripted error", "status": "INTERNAL", **turn.get("error", {})}
+            self._json(status, {"error": err}, turn.get("headers"))
+            return
+        chunk = _chunk(turn, body)
+        if ":streamGenerateContent" not in self.path:
+            self._json(200, chunk)
+            return
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("connection", "close")
+        self.end_headers()
+        self.wfile.write(f"data: {json.dumps(chunk)}\r\n\r\n".encode())
+        self.wfile.flush()
+        self.close_connection = True
 
-    def __enter__(self) -> FakeGemini:
-        self.thread.start()
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    def add(self, *turns: dict[str, Any]) -> None:
-        with self.lock:
-            self.turns.extend(turns)
+class FakeGemini(ScriptedServer):
+    handler = GeminiHandler
 
     def env(self) -> dict[str, str]:
         return {"GOOGLE_GEMINI_BASE_URL": self.url, "GEMINI_API_KEY": "gm-dummy-test-key"}
-
-    def _next(self, body: dict[str, Any]) -> dict[str, Any]:
-        with self.lock:
-            self.agent_requests.append(body)
-            if self.turns:
-                return self.turns.pop(0)
-        return {"text": "script exhausted"}
-
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def _json(self, status: int, obj: Any, headers: dict[str, str] | None = None) -> None:
-                data = json.dumps(obj).encode()
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self) -> None:
-                with fake.lock:
-                    fake.requests.append({"method": "GET", "path": self.path})
-                self._json(200, {"models": []})
-
-            def do_POST(self) -> None:
-                raw = self.rfile.read(int(self.headers.get("content-length") or 0))
-                try:
-                    body = json.loads(raw)
-                except ValueError:
-                    body = {}
-                with fake.lock:
-                    fake.requests.append({"method": "POST", "path": self.path, "body": body,
-                                          "headers": {k.lower(): v for k, v in self.headers.items()}})
-                if ":countTokens" in self.path:
-                    self._json(200, {"totalTokens": 10})
-                    return
-                agent = bool(body.get("tools")) and ":streamGenerateContent" in self.path
-                turn = fake._next(body) if agent else {"text": '{"reasoning": "done", "next_speaker": "user"}'}
-                if turn.get("hang"):
-                    time.sleep(float(turn["hang"]))
-                if turn.get("status"):
-                    status = int(turn["status"])
-                    err = {"code": status, "message": "scripted error", "status": "INTERNAL", **turn.get("error", {})}
-                    self._json(status, {"error": err}, turn.get("headers"))
-                    return
-                chunk = _chunk(turn, body)
-                if ":streamGenerateContent" not in self.path:
-                    self._json(200, chunk)
-                    return
-                self.send_response(200)
-                self.send_header("content-type", "text/event-stream")
-                self.send_header("connection", "close")
-                self.end_headers()
-                self.wfile.write(f"data: {json.dumps(chunk)}\r\n\r\n".encode())
-                self.wfile.flush()
-                self.close_connection = True
-
-        return Handler
 
 
 def _chunk(turn: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:

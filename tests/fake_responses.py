@@ -13,123 +13,63 @@ with optional ``"usage": {"input_tokens": N, "output_tokens": M}``.
 from __future__ import annotations
 
 import json
-import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, ClassVar
+
+from fake_server import ScriptedHandler, ScriptedServer
 
 DEFAULT_USAGE = {"input_tokens": 1200, "output_tokens": 40}
 
 
-class FakeResponses:
-    def __init__(self) -> None:
-        self.turns: list[dict[str, Any]] = []
-        self.requests: list[dict[str, Any]] = []  # every POST: path, headers, body
-        self.agent_requests: list[dict[str, Any]] = []  # the bodies that took a scripted turn
-        self.lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+class ResponsesHandler(ScriptedHandler):
+    get_answer: ClassVar[dict[str, Any]] = {"object": "list", "data": [], "models": []}
 
-    @property
-    def url(self) -> str:
-        host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}/v1"
+    def post(self, fake: Any, body: dict[str, Any]) -> None:
+        if not self.path.rstrip("/").endswith("/responses"):
+            self._json(404, {"error": {"message": f"no route {self.path}"}})
+            return
+        turn = fake._next(body)
+        if turn.get("hang"):
+            time.sleep(float(turn["hang"]))
+        if turn.get("status"):
+            err = turn.get("error") or {"type": "server_error", "message": "scripted error"}
+            self._json(int(turn["status"]), {"error": err}, turn.get("headers"))
+            return
+        try:
+            self._stream(body, turn)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up (a hang it was killed for): nothing to answer
 
-    def __enter__(self) -> FakeResponses:
-        self.thread.start()
-        return self
+    def _stream(self, body: dict[str, Any], turn: dict[str, Any]) -> None:
+        rid = f"resp_{uuid.uuid4().hex[:12]}"
+        usage = {**DEFAULT_USAGE, **turn.get("usage", {})}
+        usage = {**usage, "total_tokens": usage["input_tokens"] + usage["output_tokens"],
+                 "input_tokens_details": {"cached_tokens": 0},
+                 "output_tokens_details": {"reasoning_tokens": 0}}
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("cache-control", "no-cache")
+        self.send_header("connection", "close")
+        self.end_headers()
+        base = {"id": rid, "object": "response", "model": body.get("model", "m"), "output": []}
+        self._event({"type": "response.created", "response": {**base, "status": "in_progress"}})
+        items = list(_items(turn))
+        for i, item in enumerate(items):
+            self._event({"type": "response.output_item.added", "output_index": i, "item": item})
+            self._event({"type": "response.output_item.done", "output_index": i, "item": item})
+        done = {**base, "status": "completed", "output": items, "usage": usage}
+        self._event({"type": "response.completed", "response": done})
+        self.wfile.flush()
+        self.close_connection = True
 
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def _event(self, data: dict[str, Any]) -> None:
+        self.wfile.write(f"event: {data['type']}\ndata: {json.dumps(data)}\n\n".encode())
 
-    def add(self, *turns: dict[str, Any]) -> None:
-        with self.lock:
-            self.turns.extend(turns)
 
-    def _next(self, body: dict[str, Any]) -> dict[str, Any]:
-        with self.lock:
-            self.agent_requests.append(body)
-            if self.turns:
-                return self.turns.pop(0)
-        return {"text": "script exhausted"}
-
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def _json(self, status: int, obj: Any, headers: dict[str, str] | None = None) -> None:
-                data = json.dumps(obj).encode()
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self) -> None:
-                with fake.lock:
-                    fake.requests.append({"method": "GET", "path": self.path, "headers": dict(self.headers.items())})
-                self._json(200, {"object": "list", "data": [], "models": []})
-
-            def do_POST(self) -> None:
-                raw = self.rfile.read(int(self.headers.get("content-length") or 0))
-                try:
-                    body = json.loads(raw)
-                except ValueError:
-                    body = {}
-                with fake.lock:
-                    fake.requests.append({"method": "POST", "path": self.path, "body": body,
-                                          "headers": {k.lower(): v for k, v in self.headers.items()}})
-                if not self.path.rstrip("/").endswith("/responses"):
-                    self._json(404, {"error": {"message": f"no route {self.path}"}})
-                    return
-                turn = fake._next(body)
-                if turn.get("hang"):
-                    time.sleep(float(turn["hang"]))
-                if turn.get("status"):
-                    err = turn.get("error") or {"type": "server_error", "message": "scripted error"}
-                    self._json(int(turn["status"]), {"error": err}, turn.get("headers"))
-                    return
-                try:
-                    self._stream(body, turn)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up (a hang it was killed for): nothing to answer
-
-            def _stream(self, body: dict[str, Any], turn: dict[str, Any]) -> None:
-                rid = f"resp_{uuid.uuid4().hex[:12]}"
-                usage = {**DEFAULT_USAGE, **turn.get("usage", {})}
-                usage = {**usage, "total_tokens": usage["input_tokens"] + usage["output_tokens"],
-                         "input_tokens_details": {"cached_tokens": 0},
-                         "output_tokens_details": {"reasoning_tokens": 0}}
-                self.send_response(200)
-                self.send_header("content-type", "text/event-stream")
-                self.send_header("cache-control", "no-cache")
-                self.send_header("connection", "close")
-                self.end_headers()
-                base = {"id": rid, "object": "response", "model": body.get("model", "m"), "output": []}
-                self._event({"type": "response.created", "response": {**base, "status": "in_progress"}})
-                items = list(_items(turn))
-                for i, item in enumerate(items):
-                    self._event({"type": "response.output_item.added", "output_index": i, "item": item})
-                    self._event({"type": "response.output_item.done", "output_index": i, "item": item})
-                done = {**base, "status": "completed", "output": items, "usage": usage}
-                self._event({"type": "response.completed", "response": done})
-                self.wfile.flush()
-                self.close_connection = True
-
-            def _event(self, data: dict[str, Any]) -> None:
-                self.wfile.write(f"event: {data['type']}\ndata: {json.dumps(data)}\n\n".encode())
-
-        return Handler
+class FakeResponses(ScriptedServer):
+    handler = ResponsesHandler
+    url_path = "/v1"
 
 
 def _items(turn: dict[str, Any]) -> list[dict[str, Any]]:

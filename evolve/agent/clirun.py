@@ -57,6 +57,7 @@ class CliRunner:
 
     name = "cli"
     api_env: tuple[str, ...] = ()  # the CLI's own variables (credentials, endpoint, home) passed through
+    worktree = False  # the agent works in evolve's worktree ([git] isolation = "worktree"; Codex's sandbox cares)
 
     def __init__(self, cfg: AgentConfig, base_env: Mapping[str, str] | None = None, *, context_window: int = 0) -> None:
         self.cfg = cfg
@@ -73,7 +74,8 @@ class CliRunner:
         raise NotImplementedError
 
     def prompt_text(self, inv: Invocation) -> str:
-        raise NotImplementedError
+        """The prompt on stdin: the whole orientation when fresh, the short nudge on a resume."""
+        return inv.orientation.resumed_prompt() if inv.resume else inv.orientation.full() + "\n"
 
     def parser(self, inv: Invocation) -> EventParser:
         raise NotImplementedError
@@ -81,17 +83,30 @@ class CliRunner:
     def finish(self, inv: Invocation, state: Any, done: Finished) -> AgentReport:
         raise NotImplementedError
 
-    def before(self, inv: Invocation) -> Any:
-        """Runs just before the process starts (e.g. note where a session file ends); passed to finish."""
+    def session_file(self, inv: Invocation, session_id: str) -> Path | None:
+        """The CLI's own store of ``session_id`` (its per-request usage), where it keeps one."""
         return None
+
+    def before(self, inv: Invocation) -> Any:
+        """Runs just before the process starts: where a resumed session's file ends now (this run's
+        part starts there); passed to :meth:`finish` as ``done.mark``."""
+        path = self.session_file(inv, inv.session_id) if inv.resume and inv.session_id else None
+        try:
+            return os.path.getsize(path) if path else 0
+        except OSError:
+            return 0
 
     def extra_files(self, inv: Invocation) -> dict[Path, str]:
         """Files written before the run and removed after it (beside the prompt on stdin)."""
         return {}
 
     def preflight(self) -> str | None:
-        """A configuration problem that makes every run fail (None: none found); checked before any claim."""
-        return None
+        """A configuration problem that makes every run fail (None: none found); checked before any
+        claim by :func:`evolve.agent.preflight.check`, which this answers with."""
+        from evolve.agent import preflight
+
+        problem = preflight.runner_problem(self.cfg, self.base_env, worktree=self.worktree)
+        return None if problem is None else f"{problem.message}; {problem.fix}"
 
     # -- shared ----------------------------------------------------------------------------
 

@@ -27,7 +27,6 @@ resumed run gets the resumed prompt (the dynamic block first), as with Claude.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -58,7 +57,7 @@ def toml_str(value: str) -> str:
 
 
 @dataclass
-class CodexState:
+class CodexState(stream.JsonLines):
     """``codex exec --json`` parsed as it arrives (pure: bytes in, state out)."""
 
     session_id: str | None = None
@@ -69,30 +68,8 @@ class CodexState:
     sandbox_errors: list[str] = field(default_factory=list)  # the CLI's sandbox refused a command
     total_usage: dict[str, Any] | None = None
     completed: bool = False
-    malformed: int = 0
-    _buf: bytes = b""
 
-    def feed(self, chunk: bytes) -> None:
-        self._buf += chunk
-        *lines, self._buf = self._buf.split(b"\n")
-        for line in lines:
-            self.line(line)
-
-    def finish(self) -> None:
-        if self._buf.strip():
-            self.line(self._buf)
-        self._buf = b""
-
-    def line(self, line: bytes) -> None:
-        if not line.strip():
-            return
-        try:
-            msg = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            self.malformed += 1  # a torn last line when the process was killed; tolerated
-            return
-        if not isinstance(msg, dict):
-            return
+    def event(self, msg: dict[str, Any]) -> None:
         kind = msg.get("type")
         if kind == "thread.started" and not self.session_id:
             self.session_id = session_id_or_none(msg.get("thread_id"))
@@ -240,25 +217,13 @@ class CodexRunner(CliRunner):
         env.update(changes)
         return env, changes
 
-    def prompt_text(self, inv: Invocation) -> str:
-        return inv.orientation.resumed_prompt() if inv.resume else inv.orientation.full() + "\n"
-
-    def preflight(self) -> str | None:
-        problem = preflight.runner_problem(self.cfg, self.base_env, worktree=self.worktree)
-        return None if problem is None else f"{problem.message}; {problem.fix}"
-
     # -- the stream ------------------------------------------------------------------------
 
     def parser(self, inv: Invocation) -> CodexState:
         return CodexState()
 
-    def before(self, inv: Invocation) -> int:
-        """Where this run's part of a resumed session's rollout file starts."""
-        path = rollout_file(codex_home(self.env(inv)[0]), inv.session_id) if inv.resume else None
-        try:
-            return os.path.getsize(path) if path else 0
-        except OSError:
-            return 0
+    def session_file(self, inv: Invocation, session_id: str) -> Path | None:
+        return rollout_file(codex_home(self.env(inv)[0]), session_id)
 
     def finish(self, inv: Invocation, state: CodexState, done: Finished) -> AgentReport:
         proc, base = done.proc, done.base
@@ -267,7 +232,7 @@ class CodexRunner(CliRunner):
             return invalid_session_report(base, "no rollout found for the session id")
         reading = RolloutReading(Usage(), 0, 0)
         if state.session_id:
-            path = rollout_file(codex_home(self.env(inv)[0]), state.session_id)
+            path = self.session_file(inv, state.session_id)
             if path is not None:
                 reading = read_rollout(path, done.mark or 0)
         common: dict[str, Any] = {

@@ -27,7 +27,6 @@ first prompt, and a resumed run gets the resumed prompt (the dynamic block first
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,7 +50,7 @@ _OVERFLOW = ("exceeds the maximum number of tokens", "context window", "input to
 
 
 @dataclass
-class GeminiState:
+class GeminiState(stream.JsonLines):
     """``--output-format stream-json`` parsed as it arrives (pure: bytes in, state out)."""
 
     session_id: str | None = None
@@ -59,30 +58,8 @@ class GeminiState:
     turns: int = 0
     answer: list[str] = field(default_factory=list)  # the assistant text since the last tool call
     result: dict[str, Any] | None = None
-    malformed: int = 0
-    _buf: bytes = b""
 
-    def feed(self, chunk: bytes) -> None:
-        self._buf += chunk
-        *lines, self._buf = self._buf.split(b"\n")
-        for line in lines:
-            self.line(line)
-
-    def finish(self) -> None:
-        if self._buf.strip():
-            self.line(self._buf)
-        self._buf = b""
-
-    def line(self, line: bytes) -> None:
-        if not line.strip():
-            return
-        try:
-            msg = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            self.malformed += 1  # the CLI's own diagnostics go to stderr; a torn line is tolerated
-            return
-        if not isinstance(msg, dict):
-            return
+    def event(self, msg: dict[str, Any]) -> None:
         kind = msg.get("type")
         if kind == "init":
             self.session_id = session_id_or_none(msg.get("session_id")) or self.session_id
@@ -187,25 +164,13 @@ class GeminiRunner(CliRunner):
         env.update(changes)
         return env, changes
 
-    def prompt_text(self, inv: Invocation) -> str:
-        return inv.orientation.resumed_prompt() if inv.resume else inv.orientation.full() + "\n"
-
-    def preflight(self) -> str | None:
-        problem = preflight.runner_problem(self.cfg, self.base_env)
-        return None if problem is None else f"{problem.message}; {problem.fix}"
-
     # -- the stream ------------------------------------------------------------------------
 
     def parser(self, inv: Invocation) -> GeminiState:
         return GeminiState()
 
-    def before(self, inv: Invocation) -> int:
-        """Where this run's part of a resumed session's chat file starts."""
-        path = chat_file(gemini_home(self.env(inv)[0]), inv.session_id) if inv.resume else None
-        try:
-            return os.path.getsize(path) if path else 0
-        except OSError:
-            return 0
+    def session_file(self, inv: Invocation, session_id: str) -> Path | None:
+        return chat_file(gemini_home(self.env(inv)[0]), session_id)
 
     def finish(self, inv: Invocation, state: GeminiState, done: Finished) -> AgentReport:
         proc, base = done.proc, done.base
@@ -214,7 +179,7 @@ class GeminiRunner(CliRunner):
         if inv.resume and proc.returncode == EXIT_SESSION and "error resuming session" in tail.lower():
             return invalid_session_report(base, "no stored session for the id in this directory")
         sid = state.session_id or (None if inv.resume and proc.returncode else inv.session_id)
-        path = chat_file(gemini_home(self.env(inv)[0]), sid) if sid else None
+        path = self.session_file(inv, sid) if sid else None
         common: dict[str, Any] = {
             "session_id": sid,
             "usage": last_request(path, done.mark or 0) if path else Usage(),

@@ -35,15 +35,11 @@ _INVALID_SESSION = "no conversation found with session id"
 
 
 @dataclass
-class StreamState:
-    session_id: str | None = None
-    model: str | None = None
-    turns: int = 0
-    compactions: int = 0
-    last_usage: Usage = field(default_factory=Usage)
-    retries: list[dict[str, Any]] = field(default_factory=list)
-    result: dict[str, Any] | None = None
-    malformed: int = 0
+class JsonLines:
+    """A CLI's JSON-lines event stream fed in chunks as it arrives; each object goes to :meth:`event`.
+    The Claude, Codex and Gemini parsers are subclasses (one framing, one parser per CLI)."""
+
+    malformed: int = 0  # lines that were not JSON: a torn last line when the process was killed
     _buf: bytes = b""
 
     def feed(self, chunk: bytes) -> None:
@@ -63,10 +59,26 @@ class StreamState:
         try:
             msg = orjson.loads(line)
         except orjson.JSONDecodeError:
-            self.malformed += 1  # a torn last line when the process was killed; tolerated
+            self.malformed += 1
             return
-        if not isinstance(msg, dict):
-            return
+        if isinstance(msg, dict):
+            self.event(msg)
+
+    def event(self, msg: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+
+@dataclass
+class StreamState(JsonLines):
+    session_id: str | None = None
+    model: str | None = None
+    turns: int = 0
+    compactions: int = 0
+    last_usage: Usage = field(default_factory=Usage)
+    retries: list[dict[str, Any]] = field(default_factory=list)
+    result: dict[str, Any] | None = None
+
+    def event(self, msg: dict[str, Any]) -> None:
         kind, sub = msg.get("type"), msg.get("subtype")
         sid = session_id_or_none(msg.get("session_id"))
         if sid and not self.session_id:
