@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from evolve import gitops
+from evolve.git import run as gitrun
 from evolve.paths import Paths
 
 QUEUE = [
@@ -144,7 +144,7 @@ def _git(repo: Path, *args: str) -> None:
         "GIT_COMMITTER_NAME": "demo",
         "GIT_COMMITTER_EMAIL": "demo@localhost",
     }
-    proc = gitops.run_git(repo, *args, extra_env=ident)
+    proc = gitrun.run_git(repo, *args, extra_env=ident)
     if proc.returncode != 0:
         raise subprocess.CalledProcessError(proc.returncode, ["git", *args], proc.stdout, proc.stderr)
 

@@ -384,8 +384,8 @@ def check_schedule_config(cfg: Any) -> list[Finding]:
 
 
 def _git(repo: Path, *args: str) -> tuple[int | None, str, str]:
-    """(exit code or None, first output line, stdout) of evolve's own git (gitops.run_git: no hooks, no fsmonitor)."""
-    from evolve.gitops import GitTimeout, run_git
+    """(exit code or None, first output line, stdout) of evolve's own git (gitrun.run_git: no hooks, no fsmonitor)."""
+    from evolve.git.run import GitTimeout, run_git
 
     try:
         p = run_git(repo, *args, timeout=10)

@@ -1,7 +1,7 @@
 """Where every on-disk file lives (docs/DESIGN.md §2); one place so no module spells a path twice.
 
 Imported by every command, ``evolve status`` and the session-start hook included: standard library
-only, and no subprocess (``git_toplevel`` lives in :mod:`evolve.gitops`).
+only, and no subprocess (``git_toplevel`` lives in :mod:`evolve.git.toplevel`).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
               "evolve.cronexpr", "evolve.sdnotify", "evolve.config_template", "evolve.deploy_templates",
               "evolve.childenv", "evolve.tty")),
     ("store", ("evolve.store",)),
-    ("process", ("evolve.procgroup", "evolve.gitops", "evolve.worktree")),
+    ("process", ("evolve.procgroup", "evolve.git")),
     ("work", ("evolve.work",)),
     ("agent", ("evolve.agent",)),
     ("harness", ("evolve.harness",)),

@@ -15,9 +15,12 @@ from pathlib import Path
 import pytest
 from support import Env, entry, improved_step
 
-from evolve import gitops, log, procgroup
+from evolve import log, procgroup
 from evolve.cycle.fire import Fire, FireOptions
 from evolve.cycle.gate import Gate
+from evolve.git import change as gitchange
+from evolve.git import refs as gitrefs
+from evolve.git import run as gitrun
 
 HANG_GUARD_S = 120.0
 
@@ -60,10 +63,10 @@ def test_a_hanging_hook_times_out_as_a_git_error_and_its_group_is_killed(env: En
     pidfile = env.root / "hook-child.pid"
     _hanging_hook(env.repo, "post-commit", pidfile)  # post-commit runs even with --no-verify
     (env.repo / "a.txt").write_text("a\n")
-    policy = gitops.GitPolicy(run_hooks=True, timeout_s=1)
-    out = _in_thread(lambda: gitops.commit_paths(env.repo, ["a.txt"], "evolve: x", policy))
+    policy = gitrun.GitPolicy(run_hooks=True, timeout_s=1)
+    out = _in_thread(lambda: gitchange.commit_paths(env.repo, ["a.txt"], "evolve: x", policy))
     err = out.get("error")
-    assert isinstance(err, gitops.GitError) and isinstance(err, gitops.GitTimeout), out
+    assert isinstance(err, gitrun.GitError) and isinstance(err, gitrun.GitTimeout), out
     assert "git commit timed out" in str(err)
     assert not _alive(int(pidfile.read_text()))  # the hook's own child went with the group
 
@@ -73,22 +76,22 @@ def test_git_is_capped_by_the_fires_remaining_budget(env: Env, monkeypatch: pyte
     pidfile = env.root / "hook-child.pid"
     _hanging_hook(env.repo, "post-commit", pidfile)
     (env.repo / "a.txt").write_text("a\n")
-    policy = gitops.GitPolicy(run_hooks=True, timeout_s=3600)  # its own limit would let it hang an hour
+    policy = gitrun.GitPolicy(run_hooks=True, timeout_s=3600)  # its own limit would let it hang an hour
 
     def commit() -> str | None:
         with procgroup.fire_budget(lambda: -5.0):  # the fire is already past max_minutes
-            return gitops.commit_paths(env.repo, ["a.txt"], "evolve: x", policy)
+            return gitchange.commit_paths(env.repo, ["a.txt"], "evolve: x", policy)
 
     err = _in_thread(commit).get("error")
-    assert isinstance(err, gitops.GitTimeout)
+    assert isinstance(err, gitrun.GitTimeout)
     assert not _alive(int(pidfile.read_text()))
 
 
 def test_git_outside_a_fire_keeps_its_ordinary_results(env: Env) -> None:
-    assert gitops.head(env.repo)
-    assert gitops.run_git(env.repo, "rev-parse", "--verify", "-q", "nope").returncode != 0
+    assert gitrefs.head(env.repo)
+    assert gitrun.run_git(env.repo, "rev-parse", "--verify", "-q", "nope").returncode != 0
     (env.repo / "caf\u00e9.txt").write_text("x\n")
-    assert "caf\u00e9.txt" in gitops.dirty_paths(env.repo)
+    assert "caf\u00e9.txt" in gitchange.dirty_paths(env.repo)
 
 
 def test_every_child_is_capped_by_the_remaining_budget(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

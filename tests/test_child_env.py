@@ -19,11 +19,13 @@ import orjson
 import pytest
 from support import Env, entry, git
 
-from evolve import childenv, gitops
+from evolve import childenv
 from evolve.agent.command import child_env as command_env
 from evolve.agent.invocation import Invocation
 from evolve.agent.prompt import Orientation
 from evolve.config import AgentConfig
+from evolve.git import change as gitchange
+from evolve.git import run as gitrun
 from evolve.work.item import WorkItem
 
 SECRETS = {
@@ -162,12 +164,12 @@ def test_run_hooks_opt_in_runs_hooks_with_the_minimal_environment(env: Env, cli)
 def test_git_env_is_an_allow_list() -> None:
     source = {**SECRETS, "PATH": "/usr/bin:/bin", "HOME": "/home/op", "LC_TIME": "C", "GIT_AUTHOR_NAME": "op",
               "SSH_AUTH_SOCK": "/run/agent", "GNUPGHOME": "/home/op/.gnupg", "EVOLVE_DIR": "/x"}
-    plain = gitops.git_env(source=source)
+    plain = gitrun.git_env(source=source)
     assert set(plain) == {"PATH", "HOME", "LC_TIME", "GIT_AUTHOR_NAME", "GIT_TERMINAL_PROMPT", "GIT_PAGER",
                           "GIT_EDITOR"}
-    signing = gitops.git_env(gitops.GitPolicy(sign=True), source=source)
+    signing = gitrun.git_env(gitrun.GitPolicy(sign=True), source=source)
     assert signing["GNUPGHOME"] == "/home/op/.gnupg" and signing["SSH_AUTH_SOCK"] == "/run/agent"
-    assert gitops.git_env(push=True, source=source)["SSH_AUTH_SOCK"] == "/run/agent"
+    assert gitrun.git_env(push=True, source=source)["SSH_AUTH_SOCK"] == "/run/agent"
     assert not _leaks(orjson.dumps([plain, signing]).decode())
 
 
@@ -176,7 +178,7 @@ def test_repo_config_cannot_choose_a_program(env: Env) -> None:
     for key, value in (("gpg.program", "/tmp/evil-gpg"), ("core.sshCommand", "/tmp/evil-ssh"),
                        ("merge.x.driver", "/tmp/evil-merge"), ("filter.Leak.smudge", "/tmp/evil")):
         git(env.repo, "config", key, value)
-    pins = gitops._repo_program_overrides(env.repo, gitops.git_env())
+    pins = gitrun._program_pins(env.repo, gitrun.git_env(), 30.0)
     pairs = dict(p.split("=", 1) for p in pins[1::2])
     assert pairs == {"gpg.program": "gpg", "core.sshcommand": "ssh", "merge.x.driver": "", "filter.Leak.smudge": ""}
 
@@ -186,11 +188,11 @@ def test_signing_opt_in_signs_with_the_operators_gpg_not_the_repos(env: Env, tmp
     _exe(tmp_path / "evil-gpg", f'#!/bin/sh\ntouch "{marker}"\nexit 1\n')
     git(env.repo, "config", "gpg.program", str(tmp_path / "evil-gpg"))
     (env.repo / "a.md").write_text("a\n")
-    assert gitops.commit_paths(env.repo, ["a.md"], "unsigned") is not None
+    assert gitchange.commit_paths(env.repo, ["a.md"], "unsigned") is not None
     (env.repo / "b.md").write_text("b\n")
     try:
-        gitops.commit_paths(env.repo, ["b.md"], "signed", gitops.GitPolicy(sign=True))
-    except gitops.GitError as exc:  # no key here: the operator's gpg fails, which is fine
+        gitchange.commit_paths(env.repo, ["b.md"], "signed", gitrun.GitPolicy(sign=True))
+    except gitrun.GitError as exc:  # no key here: the operator's gpg fails, which is fine
         assert "gpg" in str(exc)
     assert not marker.exists()
 

@@ -124,12 +124,13 @@ def test_an_agent_cannot_claim_commit_failed() -> None:
 
 
 def test_a_change_that_cannot_be_saved_stays_in_the_tree_and_is_recorded(env: Env, fire_inproc, monkeypatch) -> None:
-    from evolve import gitops
+    from evolve.git import change as gitchange
+    from evolve.git import run as gitrun
 
     def refuse(*_a: object, **_k: object) -> str:
-        raise gitops.GitError("git update-ref failed: read-only file system")
+        raise gitrun.GitError("git update-ref failed: read-only file system")
 
-    monkeypatch.setattr(gitops, "save_uncommitted", refuse)
+    monkeypatch.setattr(gitchange, "save_uncommitted", refuse)
     env.write_config(gate={"commands": [LOCK_GATE], "timeout_s": 60})
     env.queue(entry("x"))
     env.steps([improved_step(path="c.txt", content="c\n")])

@@ -462,8 +462,9 @@ def test_watchdog_pings_stop_while_a_fire_is_stuck_and_resume_when_it_moves(env:
 
 def test_a_fire_that_moves_keeps_the_watchdog_fed(env: Env) -> None:
     """Progress resets the silence: children's starts, beats and ends, git commands, fire events."""
-    from evolve import gitops, scheduler
+    from evolve import scheduler
     from evolve.cronexpr import parse
+    from evolve.git import refs as gitrefs
     from evolve.procgroup import progress_hook
 
     now = [0.0]
@@ -473,6 +474,6 @@ def test_a_fire_that_moves_keeps_the_watchdog_fed(env: Env) -> None:
     now[0] = 150.0
     assert d.stuck_fires() == ["repo"]
     with progress_hook(lambda: d.progressed("repo")):
-        gitops.head(env.repo)
+        gitrefs.head(env.repo)
     now[0] = 200.0
     assert d.stuck_fires() == []

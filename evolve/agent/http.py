@@ -24,7 +24,6 @@ import hashlib
 import math
 import os
 import re
-import subprocess
 import threading
 import time
 import urllib.error
@@ -36,10 +35,11 @@ from typing import Any
 
 import orjson
 
-from evolve import __version__, gitops, redact
+from evolve import __version__, redact
 from evolve.agent.invocation import Invocation
 from evolve.agent.report import AgentReport, Usage, loads_report, parse_report
 from evolve.config import AgentConfig
+from evolve.git import patch
 from evolve.procgroup import capped, progressed
 from evolve.results import SUCCESS
 from evolve.store.atomic import write_json, write_new
@@ -496,127 +496,21 @@ class HttpRunner:
 
     # -- the diff ------------------------------------------------------------------------------
 
-    def _git(self, repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
-        # evolve's own git (no hooks, no repo-chosen programs, an allow-listed env): never the API key.
-        return gitops.run_git(repo, *args)
-
     def _apply(self, inv: Invocation, diff: str) -> str:
-        """Apply the diff in the repo; on any failure the tree is as it was. Returns the error or ""."""
-        repo = inv.repo
+        """Apply the diff in the repo (:func:`evolve.git.patch.apply`); returns the error or ""."""
         if not diff.strip():
             return "empty diff block"
         if not diff.endswith("\n"):
             diff += "\n"
         # Absolute for git, made so lexically: resolving would follow a link planted as runs/.
-        patch = ensure_dir(Path(os.path.abspath(inv.run_dir))) / f"cycle-{inv.cycle}.diff"
-        write_new(patch, diff.encode("utf-8"))
-        stat = self._git(repo, "apply", "--numstat", "-z", str(patch))
-        if stat.returncode != 0:
-            return _first_error(stat.stderr) or f"git apply --numstat exited {stat.returncode}"
-        touched = sorted(set(_numstat_paths(stat.stdout)) | _rename_sources(diff))
-        if not touched:
-            return "the diff names no files"
-        outside = [p for p in touched if p.startswith("/") or ".." in p.split("/")]
-        if outside:
-            return f"the diff reaches outside the repository: {', '.join(outside)[:200]}"
-        bad = [p for p in touched if gitops.is_internal(p) or p == ".git" or p.startswith(".git/")]
-        if bad:
-            return f"the diff touches .agents/ or .git/: {', '.join(bad)[:200]}"
-        try:
-            dirty_before = gitops.dirty_paths(repo)
-        except gitops.GitError as exc:
-            return str(exc)
-        dirty = dirty_before & set(touched)
-        if dirty:
-            return f"the diff touches paths with uncommitted changes: {', '.join(sorted(dirty))[:200]}"
-        check = self._git(repo, "apply", "--check", str(patch))
-        if check.returncode != 0:
-            return _first_error(check.stderr) or f"git apply --check exited {check.returncode}"
-        applied = self._git(repo, "apply", "--3way", str(patch))
-        try:
-            changed = {p for p in gitops.dirty_paths(repo) - dirty_before if not gitops.is_internal(p)}
-        except gitops.GitError:
-            changed = set()
-        paths = sorted(set(touched) | changed)
-        if applied.returncode != 0:
-            self._restore(repo, paths)
-            return _first_error(applied.stderr) or f"git apply --3way exited {applied.returncode}"
-        # --3way implies --index: leave the index as it was (the gate stages by explicit path).
-        self._unstage(repo, paths)
-        return ""
-
-    def _in_head(self, repo: Path, path: str) -> bool:
-        return self._git(repo, "cat-file", "-e", f"HEAD:{path}").returncode == 0
-
-    def _unstage(self, repo: Path, paths: list[str]) -> None:
-        if self._git(repo, "rev-parse", "--verify", "-q", "HEAD").returncode == 0:
-            self._git(repo, "reset", "-q", "--", *paths)
-        else:
-            self._git(repo, "rm", "-q", "--cached", "-r", "--ignore-unmatch", "--", *paths)
-
-    def _restore(self, repo: Path, paths: list[str]) -> None:
-        """Put the touched paths (all clean before the apply) back to HEAD, index and tree."""
-        for p in paths:
-            if self._in_head(repo, p):
-                self._git(repo, "checkout", "-q", "HEAD", "--", p)
-            else:
-                self._git(repo, "rm", "-q", "--cached", "-f", "--ignore-unmatch", "--", p)
-                target = repo / p
-                if target.is_file() or target.is_symlink():
-                    target.unlink()
+        path = ensure_dir(Path(os.path.abspath(inv.run_dir))) / f"cycle-{inv.cycle}.diff"
+        write_new(path, diff.encode("utf-8"))
+        return clean_text(patch.apply(inv.repo, path, diff), 300)
 
 
 def _header(headers: Mapping[str, str], name: str) -> str | None:
     low = name.lower()
     return next((v for k, v in headers.items() if k.lower() == low), None)
-
-
-def _first_error(stderr: str) -> str:
-    """git's complaints, joined: ``error: patch failed: x:1; error: x: patch does not apply``."""
-    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
-    picked = [ln for ln in lines if ln.startswith(("error:", "fatal:"))] or lines[:1]
-    return clean_text("; ".join(picked), 300)
-
-
-def _numstat_paths(out: str) -> list[str]:
-    """Paths from ``git apply --numstat -z``: ``A\\tD\\tpath\\0`` or, for a rename, ``A\\tD\\t\\0src\\0dst\\0``."""
-    parts = out.split("\0")
-    paths: list[str] = []
-    i = 0
-    while i < len(parts):
-        rec = parts[i]
-        i += 1
-        if not rec:
-            continue
-        fields = rec.split("\t", 2)
-        if len(fields) < 3:
-            continue
-        if fields[2]:
-            paths.append(fields[2])
-        else:
-            paths.extend(p for p in parts[i : i + 2] if p)
-            i += 2
-    return sorted(set(paths))
-
-
-def _unquote(path: str) -> str:
-    """A path as git prints it in a header: C-quoted when it holds special characters."""
-    if len(path) >= 2 and path[0] == path[-1] == '"':
-        try:
-            return path[1:-1].encode("latin-1", "backslashreplace").decode("unicode_escape").encode("latin-1").decode()
-        except (UnicodeError, ValueError):
-            return path[1:-1]
-    return path
-
-
-def _rename_sources(diff: str) -> set[str]:
-    """Paths a rename or copy takes from (``git apply --numstat`` names only the destination)."""
-    out = set()
-    for line in diff.splitlines():
-        for tag in ("rename from ", "copy from "):
-            if line.startswith(tag):
-                out.add(_unquote(line[len(tag) :].strip()))
-    return out
 
 
 def _parse_completion(body: bytes) -> tuple[str, Usage] | str:

@@ -14,7 +14,7 @@ from evolve.errors import UsageError
 
 def repo_of(args: argparse.Namespace) -> Path:
     """The repository a command acts on: ``--repo`` or the git top level of the cwd."""
-    from evolve.gitops import git_toplevel
+    from evolve.git.toplevel import git_toplevel
 
     start = args.repo if args.repo is not None else Path.cwd()
     if not start.is_dir():

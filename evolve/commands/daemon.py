@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
     from evolve import config, cronexpr, log
-    from evolve.gitops import git_toplevel
+    from evolve.git.toplevel import git_toplevel
     from evolve.paths import Paths
     from evolve.scheduler import Daemon, RepoJob
 

@@ -62,7 +62,7 @@ def _search_path(evolve: tuple[str, ...], agent_argv: list[str], runner: str) ->
 
 
 def _git_url(repo: Path) -> str:
-    from evolve.gitops import run_git
+    from evolve.git.run import run_git
 
     out = run_git(repo, "remote", "get-url", "origin")
     return out.stdout.strip() if out.returncode == 0 else ""

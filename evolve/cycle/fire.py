@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from evolve import crashpoint, exitcodes, gitops, redact
+from evolve import crashpoint, exitcodes, redact
 from evolve import log as logmod
 from evolve.agent import preflight as agent_preflight
 from evolve.agent import prompt, retry
@@ -37,6 +37,9 @@ from evolve.cycle.entry import agent_fields, base_entry, last_attempt_note
 from evolve.cycle.gate import Gate
 from evolve.cycle.handoff import handoff_text, milestone
 from evolve.cycle.select import Selector
+from evolve.git import change as gitchange
+from evolve.git import refs as gitrefs
+from evolve.git import run as gitrun
 from evolve.harness import handoff as handoffs
 from evolve.harness import hooks as harness_hooks
 from evolve.harness import plan as plans
@@ -230,7 +233,7 @@ class Fire:
                 self.paths.landing_intent, regate=self.gate.red_reason,
             )
             ws.prepare(self.ledger.last_cycle())
-        except (gitops.GitError, OSError) as exc:
+        except (gitrun.GitError, OSError) as exc:
             self.log.error("workspace.error", error=str(exc)[:300])
             outcome.reason, outcome.exit_code = "workspace_error", exitcodes.ERROR
             return False
@@ -515,7 +518,7 @@ class Fire:
                 work=item,
                 session=session,
                 runner=self.cfg.agent.runner,
-                foreign_commits=gitops.foreign_commits(self.ws.tree, session.last_head if session else None),
+                foreign_commits=gitchange.foreign_commits(self.ws.tree, session.last_head if session else None),
                 fresh_start_turns=self.cfg.context.returning_fresh_start_turns,
                 now=self.clock(),
                 request=request,
@@ -683,7 +686,7 @@ class Fire:
             compact = got[0] if got is not None else None
         after = plans.session_after(
             plan, report, result=result, runner=self.cfg.agent.runner, work_ref=item.ref,
-            head=gitops.head(self.ws.tree), compact_text=compact,
+            head=gitrefs.head(self.ws.tree), compact_text=compact,
         )
         if after.consume_request and plan.request is not None:
             handoffs.consume(self.paths, plan.request, now)

@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evolve import crashpoint, gitops, redact
+from evolve import crashpoint, redact
 from evolve.agent.report import AgentReport
 from evolve.childenv import BASE, FIRE, child_env
 from evolve.config import Config
 from evolve.cycle.workspace import Land, Start, Workspace
+from evolve.git import change as gitchange
+from evolve.git import run as gitrun
 from evolve.paths import Paths
 from evolve.procgroup import Limits, run_group
 from evolve.results import COMMIT_FAILED, LAND_FAILED, SUCCESS, CycleResult
@@ -119,7 +121,7 @@ class Gate:
         self.cfg = cfg
         self.log = log
         self.env = env or {}
-        self.git_policy = gitops.GitPolicy(run_hooks=cfg.git.run_hooks, sign=cfg.git.sign, timeout_s=cfg.git.timeout_s)
+        self.git_policy = gitrun.GitPolicy(run_hooks=cfg.git.run_hooks, sign=cfg.git.sign, timeout_s=cfg.git.timeout_s)
 
     def command_env(self) -> dict[str, str]:
         """A gate command runs the repo's code: locale, PATH, the fire's id and ``[gate] pass_env``, no secret."""
@@ -128,7 +130,7 @@ class Gate:
     def undo(self, ws: Workspace, start: Start) -> None:
         try:
             ws.undo(start)
-        except (gitops.GitError, OSError) as exc:
+        except (gitrun.GitError, OSError) as exc:
             # Loud, not fatal: the ledger still records the cycle as red and the claim is released.
             self.log.error("gate.undo_failed", error=str(exc)[:300])
 
@@ -148,9 +150,10 @@ class Gate:
         crashpoint.reached("gate")
         tree = start.tree
         extra: dict[str, Any] = {"cycle_start_sha": start.sha}
-        touched = (gitops.dirty_paths(tree) - start.dirty_before) | gitops.changed_since(tree, start.sha)
+        touched = (gitchange.dirty_paths(tree) - start.dirty_before) | gitchange.changed_since(tree, start.sha)
         red = self.run_commands(tree) if report.result in SUCCESS else None
-        verdict = judge(report.result, substantive=bool(gitops.substantive(touched)), red=red.detail if red else None)
+        substantive = bool(gitchange.substantive(touched))
+        verdict = judge(report.result, substantive=substantive, red=red.detail if red else None)
         if verdict.revert:
             if red:
                 self.log.warning("gate.fail", cycle=cycle, detail=red.detail)
@@ -199,7 +202,7 @@ class Gate:
         ``failed`` verdict when they could not be replayed onto a moved branch (kept under a ref)."""
         try:
             landing = ws.land(cycle, start)
-        except (gitops.GitError, OSError) as exc:
+        except (gitrun.GitError, OSError) as exc:
             self.log.error("git.land_failed", cycle=cycle, error=str(exc)[:300])
             self.undo(ws, start)
             return CycleResult.FAILED, {"error_class": LAND_FAILED, "error": str(exc)[:300]}
@@ -224,13 +227,13 @@ class Gate:
         released item starts clean next time. Only when even that save fails is the tree left dirty.
         """
         tree = start.tree
-        to_commit = [p for p in (gitops.dirty_paths(tree) - start.dirty_before) if not gitops.is_internal(p)]
+        to_commit = [p for p in (gitchange.dirty_paths(tree) - start.dirty_before) if not gitchange.is_internal(p)]
         if not (self.cfg.git.commit and to_commit):
             return None
-        message = gitops.commit_message(cycle, clean_text(item.title, 4000), result)
+        message = gitchange.commit_message(cycle, clean_text(item.title, 4000), result)
         try:
-            sha = gitops.commit_paths(tree, to_commit, message, self.git_policy)
-        except gitops.GitError as exc:
+            sha = gitchange.commit_paths(tree, to_commit, message, self.git_policy)
+        except gitrun.GitError as exc:
             self.log.error("git.commit_failed", cycle=cycle, error=str(exc))
             verdict = committed(CycleResult(result), str(exc))
             return verdict.result, {**verdict.fields, **self._keep(tree, cycle, sorted(to_commit), message)}
@@ -241,15 +244,15 @@ class Gate:
     def _keep(self, tree: Path, cycle: int, paths: list[str], message: str) -> dict[str, Any]:
         """Save an uncommitted change under a ref and restore its paths; the ledger fields saying where."""
         try:
-            ref = gitops.save_uncommitted(tree, paths, cycle, message)
-        except (gitops.GitError, OSError) as exc:
+            ref = gitchange.save_uncommitted(tree, paths, cycle, message)
+        except (gitrun.GitError, OSError) as exc:
             self.log.error("git.save_failed", cycle=cycle, error=str(exc)[:300])
             return {"uncommitted_paths": paths, "uncommitted_left_in_tree": True}
         out: dict[str, Any] = {"uncommitted_ref": ref, "uncommitted_paths": paths}
         self.log.warning("git.uncommitted_saved", cycle=cycle, ref=ref, paths=len(paths))
         try:
-            gitops.restore_paths(tree, paths)
-        except (gitops.GitError, OSError) as exc:
+            gitchange.restore_paths(tree, paths)
+        except (gitrun.GitError, OSError) as exc:
             self.log.error("git.restore_failed", cycle=cycle, error=str(exc)[:300])
             out["uncommitted_left_in_tree"] = True  # saved, but also still there: say so
         return out
@@ -258,9 +261,9 @@ class Gate:
         if not self.cfg.git.push:
             return
         try:
-            gitops.git(self.paths.repo, "push", policy=self.git_policy)
+            gitrun.git(self.paths.repo, "push", policy=self.git_policy)
             self.log.info("git.push")
-        except gitops.GitError as exc:
+        except gitrun.GitError as exc:
             self.log.error("git.push_failed", error=str(exc))
 
     def _keep_output(self, cycle: int, reds: list[Red]) -> dict[str, Any]:

@@ -22,8 +22,11 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from evolve import gitops, worktree
-from evolve.gitops import GitError, GitPolicy
+from evolve.git import change as gitchange
+from evolve.git import refs as gitrefs
+from evolve.git import run as gitrun
+from evolve.git import worktree
+from evolve.git.run import GitError, GitPolicy
 from evolve.store.atomic import read_json, write_json
 
 LAND_ATTEMPTS = 3
@@ -40,7 +43,7 @@ class Start:
 
 def start_of(tree: Path) -> Start:
     """The cycle's start in ``tree``: its HEAD and what is already dirty there (not the cycle's)."""
-    return Start(tree, gitops.head(tree), frozenset(gitops.dirty_paths(tree)))
+    return Start(tree, gitrefs.head(tree), frozenset(gitchange.dirty_paths(tree)))
 
 
 class Land(StrEnum):
@@ -89,10 +92,10 @@ class InPlace:
         """Nothing to do: the cycle starts from the checkout as the operator left it."""
 
     def undo(self, start: Start) -> None:
-        gitops.restore_cycle(self.repo, start.sha, set(start.dirty_before), self.policy)
+        gitchange.restore_cycle(self.repo, start.sha, set(start.dirty_before), self.policy)
 
     def land(self, cycle: int, start: Start) -> Landing:
-        now = gitops.head(self.repo)
+        now = gitrefs.head(self.repo)
         return Landing(Land.LANDED, now) if now and now != start.sha else Landing(Land.NOTHING)
 
 
@@ -110,17 +113,17 @@ class Isolated:
         self.log = log
         self.intent = intent  # a fast-forward in progress: finished or known undone after a crash
         self.regate = regate  # the gate commands, run in the worktree after a replay: a red reason or None
-        self.pending_ref = worktree.PENDING_REF + branch.removeprefix("refs/heads/")
+        self.pending_ref = gitrefs.PENDING_REF + branch.removeprefix("refs/heads/")
 
     # -- between cycles ------------------------------------------------------------------------
 
     def base(self) -> str:
-        pending = worktree.rev(self.repo, self.pending_ref)
-        tip = worktree.rev(self.repo, self.branch)
-        if pending and tip and worktree.is_ancestor(self.repo, tip, pending):
+        pending = gitrefs.rev(self.repo, self.pending_ref)
+        tip = gitrefs.rev(self.repo, self.branch)
+        if pending and tip and gitrefs.is_ancestor(self.repo, tip, pending):
             return pending
-        if pending and tip and worktree.is_ancestor(self.repo, pending, tip):  # landed by someone: done
-            worktree.delete_ref(self.repo, self.pending_ref)
+        if pending and tip and gitrefs.is_ancestor(self.repo, pending, tip):  # landed by someone: done
+            gitrefs.delete_ref(self.repo, self.pending_ref)
             return tip
         if tip is None:
             raise GitError(f"branch {self.branch} is gone")
@@ -136,28 +139,28 @@ class Isolated:
         self._clear_stale_lock()
         worktree.share(self.repo, self.tree)
         self._set_aside(cycle, base)
-        if worktree.rev(self.repo, self.pending_ref):
+        if gitrefs.rev(self.repo, self.pending_ref):
             worktree.reset(self.tree, self.base(), self.policy)
-            landing = self._land(cycle, worktree.rev(self.repo, self.pending_ref) or "")
+            landing = self._land(cycle, gitrefs.rev(self.repo, self.pending_ref) or "")
             self.log.info("land.pending", outcome=landing.outcome, sha=landing.sha, ref=landing.ref)
         worktree.reset(self.tree, self.base(), self.policy)
 
     def _clear_stale_lock(self) -> None:
         """Only evolve's git and its agent use this worktree, and under the fire lock with the last fire's
         groups reaped, none of them is running: a lock left in it is a killed git's, safe to remove."""
-        lock = Path(gitops.git(self.tree, "rev-parse", "--path-format=absolute", "--git-path", "index.lock").strip())
+        lock = Path(gitrun.git(self.tree, "rev-parse", "--path-format=absolute", "--git-path", "index.lock").strip())
         if lock.exists():
             lock.unlink()
             self.log.warning("workspace.stale_lock_removed", path=str(lock))
 
     def _set_aside(self, cycle: int, base: str) -> str | None:
         """A dead cycle's work (changes, untracked files, its own commits) kept under a ref; None if none."""
-        head = gitops.head(self.tree)
-        dirty = {p for p in gitops.dirty_paths(self.tree) if not gitops.is_internal(p)}
-        own_commits = bool(head) and head != base and not worktree.is_ancestor(self.repo, head or "", base)
+        head = gitrefs.head(self.tree)
+        dirty = {p for p in gitchange.dirty_paths(self.tree) if not gitchange.is_internal(p)}
+        own_commits = bool(head) and head != base and not gitrefs.is_ancestor(self.repo, head or "", base)
         if not dirty and not own_commits:
             return None
-        ref = self._free_ref(worktree.STRANDED_REF, cycle)
+        ref = self._free_ref(gitrefs.STRANDED_REF, cycle)
         worktree.save_tree(self.tree, dirty, ref, f"evolve: work stranded by a dead cycle (before cycle {cycle})")
         self.log.warning("workspace.stranded", ref=ref, paths=len(dirty), commits=own_commits)
         worktree.reset(self.tree, base, self.policy)
@@ -165,7 +168,7 @@ class Isolated:
 
     def _free_ref(self, prefix: str, cycle: int) -> str:
         ref, n = f"{prefix}{cycle}", 1
-        while worktree.rev(self.repo, ref):
+        while gitrefs.rev(self.repo, ref):
             n += 1
             ref = f"{prefix}{cycle}-{n}"
         return ref
@@ -173,7 +176,7 @@ class Isolated:
     def begin(self, cycle: int) -> None:
         """The worktree at the base, clean; anything else found there is set aside first, never lost."""
         base = self.base()
-        if gitops.head(self.tree) != base or gitops.dirty_paths(self.tree):
+        if gitrefs.head(self.tree) != base or gitchange.dirty_paths(self.tree):
             self._set_aside(cycle, base)
             worktree.reset(self.tree, base, self.policy)
 
@@ -185,20 +188,20 @@ class Isolated:
 
     def land(self, cycle: int, start: Start) -> Landing:
         """Put the worktree's new commits on the branch (§8.3); the worktree then stands at the new base."""
-        new = gitops.head(self.tree)
+        new = gitrefs.head(self.tree)
         if not new or new == start.sha:
             return Landing(Land.NOTHING)
         return self._land(cycle, new)
 
     def _land(self, cycle: int, new: str) -> Landing:
         for _ in range(LAND_ATTEMPTS):
-            tip = worktree.rev(self.repo, self.branch)
-            ours_on_tip = bool(tip) and worktree.is_ancestor(self.repo, tip or "", new)
+            tip = gitrefs.rev(self.repo, self.branch)
+            ours_on_tip = bool(tip) and gitrefs.is_ancestor(self.repo, tip or "", new)
             holder = next((c for c in worktree.checkouts(self.repo) if c.branch == self.branch), None)
             overlap = None
             if tip and ours_on_tip and holder is not None:
-                theirs = gitops.dirty_paths(holder.path)
-                overlap = bool(worktree.changed(self.repo, tip, new) & theirs)
+                theirs = gitchange.dirty_paths(holder.path)
+                overlap = bool(gitchange.changed(self.repo, tip, new) & theirs)
             step = land_step(tip=tip, ours_on_tip=ours_on_tip, holder_dirty_overlap=overlap)
             if step == "gone":
                 return self._conflict(cycle, new, f"branch {self.branch} is gone")
@@ -210,10 +213,10 @@ class Isolated:
                 continue
             if step == "hold":
                 return self._hold(new, "the operator's checkout has changes in the same paths")
-            done = (worktree.update_ref(self.repo, self.branch, new, tip) if step == "cas"
+            done = (gitrefs.update_ref(self.repo, self.branch, new, tip) if step == "cas"
                     else self._fast_forward(holder.path if holder else self.repo, tip or "", new))
             if done:
-                worktree.delete_ref(self.repo, self.pending_ref)
+                gitrefs.delete_ref(self.repo, self.pending_ref)
                 self.log.info("land.landed", sha=new, branch=self.branch, how=step)
                 return Landing(Land.LANDED, new)
         return self._hold(new, "the branch kept moving, or git refused the fast-forward")
@@ -231,16 +234,16 @@ class Isolated:
         return replayed
 
     def _hold(self, new: str, why: str) -> Landing:
-        git_ok = worktree.update_ref(self.repo, self.pending_ref, new, worktree.rev(self.repo, self.pending_ref))
+        git_ok = gitrefs.update_ref(self.repo, self.pending_ref, new, gitrefs.rev(self.repo, self.pending_ref))
         if not git_ok:
             raise GitError(f"cannot keep the green commits under {self.pending_ref}")
         self.log.warning("land.pending", sha=new, ref=self.pending_ref, why=why)
         return Landing(Land.PENDING, new, self.pending_ref, why, {"landed": False, "pending_ref": self.pending_ref})
 
     def _conflict(self, cycle: int, new: str, why: str) -> Landing:
-        ref = self._free_ref(worktree.UNLANDED_REF, cycle)
-        worktree.update_ref(self.repo, ref, new, None)
-        worktree.delete_ref(self.repo, self.pending_ref)
+        ref = self._free_ref(gitrefs.UNLANDED_REF, cycle)
+        gitrefs.update_ref(self.repo, ref, new, None)
+        gitrefs.delete_ref(self.repo, self.pending_ref)
         self.log.error("land.conflict", sha=new, ref=ref, why=why)
         with contextlib.suppress(GitError):
             worktree.reset(self.tree, self.base(), self.policy)
@@ -262,9 +265,9 @@ class Isolated:
             self.intent.unlink(missing_ok=True)
             return
         checkout, old, new = Path(str(rec.get("checkout"))), str(rec.get("old")), str(rec.get("new"))
-        if worktree.rev(self.repo, self.branch) == old and checkout.is_dir():
-            staged_new = gitops.run_git(checkout, "diff-index", "--cached", "--quiet", new, "--").returncode == 0
-            if staged_new and worktree.update_ref(self.repo, self.branch, new, old):
+        if gitrefs.rev(self.repo, self.branch) == old and checkout.is_dir():
+            staged_new = gitrun.run_git(checkout, "diff-index", "--cached", "--quiet", new, "--").returncode == 0
+            if staged_new and gitrefs.update_ref(self.repo, self.branch, new, old):
                 self.log.warning("land.finished_after_crash", sha=new, branch=self.branch)
         self.intent.unlink(missing_ok=True)
 
@@ -284,7 +287,7 @@ def open_workspace(repo: Path, evolve_dir: Path, cfg_git: Any, policy: GitPolicy
     """The configured workspace; in place (with a warning) when the checkout has no branch to land on."""
     if cfg_git.isolation != "worktree":
         return InPlace(repo, policy, log)
-    branch = worktree.branch_of(repo)
+    branch = gitrefs.branch_of(repo)
     if branch is None:
         log.warning("workspace.in_place", reason="HEAD is detached or has no commit: nothing to land on")
         return InPlace(repo, policy, log)

@@ -27,7 +27,8 @@ from typing import Any
 
 import orjson
 
-from evolve import gitops, redact
+from evolve import redact
+from evolve.git import run as gitrun
 from evolve.paths import Paths
 from evolve.redact import Redactor, env_literals
 from evolve.store.atomic import atomic_write_bytes
@@ -84,8 +85,8 @@ def _changed_files(repo: Path, shas: list[str], cap: int = 30) -> list[str]:
         if not re.fullmatch(r"[0-9a-f]{7,64}", sha):
             continue
         try:
-            proc = gitops.run_git(repo, "show", "--name-only", "--format=", sha, timeout=10)
-        except (OSError, gitops.GitError):  # GitTimeout: the group was killed
+            proc = gitrun.run_git(repo, "show", "--name-only", "--format=", sha, timeout=10)
+        except (OSError, gitrun.GitError):  # GitTimeout: the group was killed
             continue
         for name in proc.stdout.splitlines():
             if name and name not in files and not name.startswith(".agents/"):

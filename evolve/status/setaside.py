@@ -62,10 +62,10 @@ def evolve_refs(repo: Path) -> dict[str, list[str]]:
 
 def waiting_commits(repo: Path, pending_ref: str) -> int | None:
     """How many commits wait under ``pending_ref`` that its branch does not have (None: git cannot say)."""
-    from evolve import gitops
+    from evolve.git import run as gitrun
 
     branch = "refs/heads/" + pending_ref.removeprefix(PREFIX + "pending/")
-    proc = gitops.run_git(repo, "rev-list", "--count", f"{branch}..{pending_ref}")
+    proc = gitrun.run_git(repo, "rev-list", "--count", f"{branch}..{pending_ref}")
     return int(proc.stdout.strip()) if proc.returncode == 0 and proc.stdout.strip().isdigit() else None
 
 

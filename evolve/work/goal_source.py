@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from evolve import gitops
+from evolve.git import refs as gitrefs
 from evolve.paths import FITNESS_LATEST_POST
 from evolve.work.goals import (
     GoalsFile,
@@ -67,7 +67,7 @@ class GoalsSource:
 
     def snapshot(self, gf: GoalsFile, *, allow_measure: bool = True) -> dict[str, Any] | None:
         cached = read_snapshot(snapshot_path(self.evolve_dir))
-        if cached and cached.get("goals_era") == gf.era and cached.get("git_sha") == gitops.head(self.repo):
+        if cached and cached.get("goals_era") == gf.era and cached.get("git_sha") == gitrefs.head(self.repo):
             return cached
         if not allow_measure:
             return cached if cached and cached.get("goals_era") == gf.era else None

@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from evolve import gitops
 from evolve.childenv import BASE, FIRE, child_env
+from evolve.git import refs as gitrefs
 from evolve.procgroup import capped
 from evolve.timeutil import utc_iso
 from evolve.work.goals.check import CheckRun, run_check
@@ -88,7 +88,7 @@ def sanitized_env(env: Mapping[str, str] | None = None, pass_env: Iterable[str] 
 
 def _git_sha(repo: Path) -> str | None:
     try:
-        return gitops.head(repo)
+        return gitrefs.head(repo)
     except OSError:
         return None
 

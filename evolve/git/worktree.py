@@ -1,6 +1,6 @@
 """Git for the agent's own worktree (docs/DESIGN.md §8.3): create it, set work aside, land commits.
 
-Everything goes through :func:`evolve.gitops.run_git` (no hooks, minimal environment, bounded). The
+Everything goes through :func:`evolve.git.run.run_git` (no hooks, minimal environment, bounded). The
 branch the operator works on only ever moves by compare-and-swap (``update-ref <ref> <new> <old>``)
 or by git's own fast-forward in the checkout that has it, which refuses to overwrite a local change.
 """
@@ -15,12 +15,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from evolve import gitops
-from evolve.gitops import SAFE, GitError, GitPolicy, git, run_git
+from evolve.git.refs import head, rev
+from evolve.git.run import SAFE, GitError, GitPolicy, git, identity, run_git
 
-PENDING_REF = "refs/evolve/pending/"  # green commits waiting for the operator's checkout to allow a fast-forward
-STRANDED_REF = "refs/evolve/stranded/"  # a dead cycle's work, set aside
-UNLANDED_REF = "refs/evolve/unlanded/"  # green commits that could not be rebased onto a moved branch
 # Per-checkout files the agent's worktree shares with the operator's checkout by a link: the
 # directory ``/evolve`` tooling writes to (git-ignored, so absent from a worktree) and the CLI's
 # local settings (autocompact, hooks). Listed in info/exclude so no ``git add -A`` picks the links up.
@@ -32,20 +29,10 @@ def common_dir(repo: Path) -> Path:
     return (repo / out).resolve() if not os.path.isabs(out) else Path(out)
 
 
-def rev(repo: Path, ref: str) -> str | None:
-    proc = run_git(repo, "rev-parse", "--verify", "-q", f"{ref}^{{commit}}")
-    return proc.stdout.strip() or None if proc.returncode == 0 else None
 
 
-def branch_of(repo: Path) -> str | None:
-    """The full ref the checkout's HEAD names (``refs/heads/main``); None when detached or unborn."""
-    proc = run_git(repo, "symbolic-ref", "-q", "HEAD")
-    ref = proc.stdout.strip()
-    return ref if proc.returncode == 0 and ref.startswith("refs/heads/") and rev(repo, ref) else None
 
 
-def is_ancestor(repo: Path, older: str, newer: str) -> bool:
-    return run_git(repo, "merge-base", "--is-ancestor", older, newer).returncode == 0
 
 
 @dataclass(frozen=True)
@@ -71,20 +58,10 @@ def checkouts(repo: Path) -> list[Checkout]:
     return found
 
 
-def update_ref(repo: Path, ref: str, new: str, old: str | None) -> bool:
-    """Compare-and-swap: ``ref`` moves to ``new`` only if it still is ``old`` (None: must not exist)."""
-    expect = old or "0" * 40
-    return run_git(repo, "update-ref", "-m", "evolve: land", ref, new, expect).returncode == 0
 
 
-def delete_ref(repo: Path, ref: str) -> None:
-    run_git(repo, "update-ref", "-d", ref)
 
 
-def refs(repo: Path, prefix: str) -> list[tuple[str, str]]:
-    """(ref, sha) under ``prefix``, oldest first by committer date."""
-    out = run_git(repo, "for-each-ref", "--sort=committerdate", "--format=%(refname) %(objectname)", prefix)
-    return [tuple(line.split(" ", 1)) for line in out.stdout.splitlines() if " " in line]  # type: ignore[misc]
 
 
 def ensure(repo: Path, path: Path, base: str, policy: GitPolicy = SAFE) -> bool:
@@ -154,11 +131,11 @@ def save_tree(tree: Path, paths: Iterable[str], ref: str, message: str) -> str:
 
     A scratch index (the worktree's own may be held by a killed git's ``index.lock``), no signing.
     """
-    ident = gitops._identity(tree)
+    ident = identity(tree)
     paths = sorted(set(paths))
     with tempfile.TemporaryDirectory(prefix="evolve-save-") as tmp:
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index"), **ident}
-        base = gitops.head(tree)
+        base = head(tree)
         if base:
             git(tree, "read-tree", base, extra_env=env)
         if paths:
@@ -170,23 +147,20 @@ def save_tree(tree: Path, paths: Iterable[str], ref: str, message: str) -> str:
     return ref
 
 
-def changed(repo: Path, old: str, new: str) -> set[str]:
-    out = git(repo, "diff", "--name-only", "-z", "--no-renames", old, new)
-    return {p for p in out.split("\0") if p}
 
 
 def fast_forward(checkout: Path, new: str, policy: GitPolicy = SAFE) -> bool:
     """Git's own fast-forward in the operator's checkout: refuses (False) rather than touch a local change."""
-    ident = gitops._identity(checkout)
+    ident = identity(checkout)
     return run_git(checkout, "merge", "-q", "--ff-only", "--no-edit", new, policy=policy,
                    extra_env=ident).returncode == 0
 
 
 def rebase(tree: Path, onto: str, upstream: str, policy: GitPolicy = SAFE) -> str | None:
     """Replay the worktree's commits after ``upstream`` onto ``onto``; the new HEAD, or None on conflict."""
-    ident = gitops._identity(tree)
+    ident = identity(tree)
     proc = run_git(tree, "rebase", "-q", "--onto", onto, upstream, policy=policy, extra_env=ident)
     if proc.returncode != 0:
         run_git(tree, "rebase", "--abort", policy=policy, extra_env=ident)
         return None
-    return gitops.head(tree)
+    return head(tree)

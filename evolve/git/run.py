@@ -1,0 +1,170 @@
+"""The one way evolve starts git (docs/DESIGN.md §8.1): :func:`run_git`.
+
+Hooks, fsmonitor and signing off unless the operator opts in (``[git] run_hooks``, ``[git] sign``),
+program-valued keys of the repository's own config pinned (:mod:`evolve.git.pins`), an allow-listed
+environment (:func:`git_env`), its own process group, bounded. The agent can write ``.git/hooks`` and
+``.git/config`` and evolve holds API keys: no git process evolve starts may run what they name.
+
+``subprocess`` is imported inside the functions that start git: every command (``evolve status``
+too) reaches this package for :func:`evolve.git.toplevel.git_toplevel`, which usually needs no git.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from evolve.childenv import GIT_IDENTITY, child_env
+from evolve.git import pins
+
+if TYPE_CHECKING:
+    import subprocess
+
+class GitError(Exception):
+    pass
+
+
+class GitTimeout(GitError):
+    """A git command ran past its limit (``[git] timeout_s`` or the fire's budget); its group was killed."""
+
+
+DEFAULT_TIMEOUT_S = 300.0  # [git] timeout_s; the limit of every git command that names none
+
+
+@dataclass(frozen=True)
+class GitPolicy:
+    """What evolve's own git may run: the operator opts in to hooks and signing (``[git]``).
+
+    Either way git gets :func:`git_env`, never evolve's environment.
+    """
+
+    run_hooks: bool = False
+    sign: bool = False
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+
+SAFE = GitPolicy()
+
+# Variables git needs to find the operator's repository, config and identity; none is a secret.
+GIT_ALLOW: tuple[str, ...] = (
+    "PATH", "HOME", "LANG", "LC_*", "TZ", "TMPDIR", "XDG_CONFIG_HOME",
+    "GIT_DIR", "GIT_WORK_TREE", "GIT_COMMON_DIR", "GIT_CEILING_DIRECTORIES", "GIT_DISCOVERY_ACROSS_FILESYSTEM",
+    "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "GIT_CONFIG_NOSYSTEM",
+    *GIT_IDENTITY,
+)
+# Signing needs the operator's keyring and agent (opted in with [git] sign).
+SIGN_ALLOW: tuple[str, ...] = ("GNUPGHOME", "GPG_TTY", "GPG_AGENT_INFO", "SSH_AUTH_SOCK")
+# A push needs the ssh agent (and the operator's ssh command, which also outranks core.sshCommand).
+PUSH_ALLOW: tuple[str, ...] = ("SSH_AUTH_SOCK", "GIT_SSH_COMMAND", "GIT_SSH")
+# Always on: no repo hooks directory, no fsmonitor daemon, no gpg run by ``git log``, no ext:: transport.
+_FIXED = ("core.fsmonitor=false", "log.showSignature=false", "protocol.ext.allow=never", "diff.external=")
+# Keys naming a program that the repository's own config (writable by the agent) must not choose.
+
+def git_env(policy: GitPolicy = SAFE, *, push: bool = False, source: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of evolve's own git: an allow-list, so a hook, filter or gpg program gets no secret."""
+    extra = (*(SIGN_ALLOW if policy.sign else ()), *(PUSH_ALLOW if push else ()))
+    # No prompt (an unattended loop would hang), no pager, no editor.
+    return child_env(source, GIT_ALLOW, extra,
+                     set_={"GIT_TERMINAL_PROMPT": "0", "GIT_PAGER": "cat", "GIT_EDITOR": "true"})
+
+
+def _config_args(policy: GitPolicy) -> list[str]:
+    out = [*_FIXED]
+    if not policy.run_hooks:
+        out.append("core.hooksPath=/dev/null")
+    if policy.sign:
+        out += ["commit.gpgSign=true"]
+    else:
+        out += ["commit.gpgSign=false", "tag.gpgSign=false"]
+    return [arg for kv in out for arg in ("-c", kv)]
+
+
+def run_git(
+    repo: Path,
+    *args: str,
+    policy: GitPolicy = SAFE,
+    extra_env: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Every git command evolve runs goes through here (docs/DESIGN.md §8, "What evolve's git runs").
+
+    Hooks and fsmonitor are off unless ``policy.run_hooks``; signing is off unless ``policy.sign``;
+    program-valued keys from the repository's own config are pinned; the environment is
+    :func:`git_env`. Git runs in its own process group (a hook's children too) under
+    ``min(timeout, policy.timeout_s)``, also capped by the running fire's remaining budget
+    (:func:`evolve.procgroup.capped`). Raises OSError when git cannot start and GitTimeout (a
+    GitError) when the limit passes: the group is killed and the caller's step fails.
+    """
+    from evolve.procgroup import capped
+
+    limit = capped(min(timeout or policy.timeout_s, policy.timeout_s))
+    push = bool(args) and args[0] == "push"
+    env = git_env(policy, push=push)
+    if extra_env:
+        env.update(extra_env)
+    pinned = _program_pins(repo, env, limit) if args and pins.needed(args[0]) else []
+    argv = ["git", "--no-pager", *_config_args(policy), *pinned, *args]
+    return _run(argv, repo, env, limit)
+
+
+def _run(argv: list[str], repo: Path, env: Mapping[str, str], limit: float) -> subprocess.CompletedProcess[str]:
+    """One git process in its own group, killed whole (hooks, their children) after ``limit`` seconds."""
+    import subprocess
+
+    from evolve.procgroup import kill_group, progressed, spawn
+
+    proc = spawn(argv, cwd=repo, env=env)
+    try:
+        out, err = proc.communicate(timeout=limit or None)
+    except subprocess.TimeoutExpired:
+        kill_group(proc.pid, grace_s=1.0, reap=proc.poll)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.communicate(timeout=5)  # a child that left the group may still hold the pipes
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        raise GitTimeout(f"git {_verb(argv)} timed out after {limit:g}s; process group killed") from None
+    except BaseException:
+        kill_group(proc.pid, grace_s=1.0, reap=proc.poll)  # interrupted: git must not outlive the fire
+        raise
+    progressed()  # a finished git command is a step of the fire done (the daemon's watchdog)
+    # surrogateescape: a path that is not UTF-8 survives the round trip back into an argv.
+    return subprocess.CompletedProcess(argv, proc.returncode, out.decode("utf-8", "surrogateescape"),
+                                       err.decode("utf-8", "replace"))
+
+
+def _verb(argv: list[str]) -> str:
+    """The subcommand of a git argv (after ``--no-pager`` and the ``-c`` pins), for an error message."""
+    i = 1
+    while i < len(argv) and argv[i].startswith("-"):
+        i += 2 if argv[i] == "-c" else 1
+    return argv[i] if i < len(argv) else "git"
+
+
+def _program_pins(repo: Path, env: Mapping[str, str], timeout: float) -> list[str]:
+    """The ``-c`` pins for what the repository's own config names (:func:`evolve.git.pins.pins_from_config`)."""
+    proc = _run(["git", "config", "--show-scope", "-z", "--get-regexp", pins.PATTERN], repo, env, timeout)
+    return pins.pins_from_config(proc.stdout)
+
+
+def identity(repo: Path) -> dict[str, str]:
+    """A fallback identity: a repo without one must still be committable by an unattended loop."""
+    probe = run_git(repo, "config", "user.email")
+    if probe.returncode == 0 and probe.stdout.strip():
+        return {}
+    env = git_env()
+    fallback = {"GIT_AUTHOR_NAME": "evolve", "GIT_AUTHOR_EMAIL": "evolve@localhost",
+                "GIT_COMMITTER_NAME": "evolve", "GIT_COMMITTER_EMAIL": "evolve@localhost"}
+    return {k: v for k, v in fallback.items() if k not in env}
+
+
+def git(repo: Path, *args: str, check: bool = True, policy: GitPolicy = SAFE,
+        extra_env: Mapping[str, str] | None = None) -> str:
+    proc = run_git(repo, *args, policy=policy, extra_env=extra_env)
+    if check and proc.returncode != 0:
+        raise GitError(f"git {args[0]} failed: {proc.stderr.strip()[:300]}")
+    return proc.stdout
+
