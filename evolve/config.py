@@ -112,6 +112,33 @@ class GitConfig:
     # operator's branch by compare-and-swap; "none" = in the operator's checkout (hand fires, no operator).
     isolation: str = "worktree"
     worktree_dir: str = ""  # the agent's worktree; "" = <state dir>/worktree (stable: sessions resume)
+    max_file_mb: float = 50  # a landing that adds or grows a file past this waits unlanded (0 = no limit)
+    setaside_keep_days: float = 30  # refs/evolve/{stranded,interrupted,...} older than this are dropped (0 = kept)
+
+
+@dataclass(frozen=True)
+class LandConfig:
+    """How a green cycle reaches the branch (docs/DESIGN.md §8.3)."""
+
+    remote: str = "origin"  # where [git] push publishes what landed: git push <remote> <sha>:<branch>
+
+
+# What a change to one of these means for the worktree's environment: its setup runs again.
+SETUP_INPUTS = ["pyproject.toml", "setup.*", "requirements*.txt", "*.lock", "package*.json", "pnpm-lock.yaml", "go.sum"]
+
+
+@dataclass(frozen=True)
+class WorkspaceConfig:
+    """What the agent's worktree needs besides the commit, so the gate tests the tree that lands (§8.4)."""
+
+    setup: list[list[str]] = field(default_factory=list)  # argv lists run in the worktree: made, or inputs changed
+    inputs: list[str] = field(default_factory=lambda: list(SETUP_INPUTS))  # worktree paths/globs keying setup
+    link: list[str] = field(default_factory=list)  # checkout paths linked into the worktree (e.g. node_modules)
+    copy: list[str] = field(default_factory=list)  # checkout paths copied in (a gitignored file the tests read)
+    path: list[str] = field(default_factory=list)  # worktree dirs put first on PATH (e.g. .venv/bin)
+    setup_timeout_s: float = 1800
+    pass_env: list[str] = field(default_factory=list)  # extra env names for setup (a registry's token)
+    probe: bool = True  # before a claim: does the gate see the worktree's code? (exit 78 with the fix if not)
 
 
 @dataclass(frozen=True)
@@ -158,6 +185,8 @@ class Config:
     gate: GateConfig = field(default_factory=GateConfig)
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
     git: GitConfig = field(default_factory=GitConfig)
+    land: LandConfig = field(default_factory=LandConfig)
+    workspace: WorkspaceConfig = field(default_factory=WorkspaceConfig)
     halt: HaltConfig = field(default_factory=HaltConfig)
     notify: NotifyConfig = field(default_factory=NotifyConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
@@ -203,6 +232,9 @@ RANGES: dict[tuple[str, str], tuple[float, float]] = {
     ("schedule", "jitter_s"): (0, 1 << 30),
     ("daemon", "grace_s"): (0, 3600),
     ("git", "timeout_s"): (0.1, 1 << 30),
+    ("git", "max_file_mb"): (0, 1 << 30),
+    ("git", "setaside_keep_days"): (0, 1 << 30),
+    ("workspace", "setup_timeout_s"): (0.1, 1 << 30),
     ("retention", "run_log_max_mb"): (0, 1 << 30),
     ("retention", "runs_max_age_days"): (0, 1 << 30),
     ("retention", "runs_max_total_mb"): (0, 1 << 30),

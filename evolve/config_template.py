@@ -88,6 +88,24 @@ TEMPLATE = """\
 #                            # by fast-forward only (your edits and commits are never touched); "none":
 #                            # the agent works in your checkout (only when nobody else works in it)
 # worktree_dir = ""          # default .agents/evolve/worktree (a stable path: agent sessions resume)
+# max_file_mb = 50           # a landing that adds or grows a file past this stays unlanded (0 = no limit)
+# setaside_keep_days = 30    # set-aside refs (refs/evolve/...) older than this are dropped; 0 = kept
+
+[land]
+# remote = "origin"          # with [git] push: git push <remote> <sha>:<branch> for what landed
+
+[workspace]
+# What the agent's worktree needs so the gate tests the code that lands (see README "What the gate sees").
+# setup = []                 # argv lists run in the worktree when it is made and when an input changes,
+#                            # e.g. [["python3", "-m", "venv", ".venv"], [".venv/bin/pip", "install", "-e", "."]]
+# inputs = ["pyproject.toml", "setup.*", "requirements*.txt", "*.lock", "package*.json", "pnpm-lock.yaml", "go.sum"]
+#                            # files (globs, at the worktree's top) whose change runs setup again
+# link = []                  # checkout paths linked into the worktree, e.g. ["node_modules"]
+# copy = []                  # checkout paths copied in, e.g. a gitignored ["local.conf"] the tests read
+# path = []                  # worktree dirs put first on PATH for setup, the gate and goal checks: [".venv/bin"]
+# setup_timeout_s = 1800
+# pass_env = []              # extra env names for setup commands (a private registry's token)
+# probe = true               # before claiming work, check that the gate imports the worktree's code
 
 [halt]
 # kill_ttl_days = 7          # hand-written KILL/STOP older than this are ignored (evolve stop/kill: no TTL)
