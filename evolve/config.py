@@ -348,6 +348,9 @@ def _validate_ranges(section: str, key: str, value: Any, where: str) -> None:
         bad = [name for name in value if not valid_name(name)]
         if bad:
             raise ConfigError(f"{where}: {section}.pass_env: not a variable name (or NAME_*): {bad[0]!r}"[:300])
+    if (section, key) == ("land", "remote") and (not value or value.startswith("-") or not value.isprintable()):
+        raise ConfigError(f"{where}: land.remote must be a remote's name or URL (not empty, not starting with '-'), "
+                          f"got {value!r}"[:300])
     if (section, key) in ENUMS and value not in ENUMS[(section, key)]:
         choices = "|".join(ENUMS[(section, key)])
         raise ConfigError(f"{where}: {section}.{key} must be one of {choices}, got {value!r}")

@@ -81,8 +81,18 @@ class Paths:
 
     @property
     def landing_intent(self) -> Path:
-        """A fast-forward of the operator's checkout in progress (docs/DESIGN.md §8.3)."""
+        """A landing in progress, resolved against the branch if the fire dies (docs/DESIGN.md §8.3)."""
         return self._e("landing.json")
+
+    @property
+    def pending(self) -> Path:
+        """Green commits waiting to land, per branch, and the cycles whose items they hold (§8.3)."""
+        return self._e("pending.json")
+
+    @property
+    def push_state(self) -> Path:
+        """The last landing of each branch and whether ``[git] push`` has published it (§8.3)."""
+        return self._e("push.json")
 
     @property
     def lock(self) -> Path:

@@ -21,6 +21,10 @@ class CycleResult(StrEnum):
     FAILED = "failed"  # agent or infrastructure error (see ``error_class``)
     INTERRUPTED = "interrupted"  # SIGTERM/SIGINT/SIGHUP during the cycle
     CRASHED = "crashed"  # logged by the next fire for a fire that died mid-cycle
+    # Green and committed, but not on the branch yet: waits under refs/evolve/pending/<branch> (§8.3).
+    # The entry that later settles it (``pending_cycle``: this cycle) is ``improved`` with the landed sha,
+    # or ``failed`` (``land_conflict``) when it never could land.
+    PENDING = "pending"
 
     @property
     def productive(self) -> bool:
@@ -31,7 +35,10 @@ class CycleResult(StrEnum):
 # The results after which the cycle's change (if any) stands and the item may be consumed.
 SUCCESS: frozenset[str] = frozenset({CycleResult.IMPROVED, CycleResult.HARVESTED, CycleResult.UNCHANGED})
 # Cycles whose shape the metronome counts (a red attempt at the same thing is still the same shape).
-PRODUCTIVE: frozenset[str] = frozenset({CycleResult.IMPROVED, CycleResult.REGRESSED, CycleResult.HARVESTED})
+PRODUCTIVE: frozenset[str] = frozenset({CycleResult.IMPROVED, CycleResult.REGRESSED, CycleResult.HARVESTED,
+                                        CycleResult.PENDING})
+# Green work: the gate said yes (whether it is on the branch yet or still waits to land).
+GREEN: frozenset[str] = SUCCESS | {CycleResult.PENDING}
 # A cycle that went wrong by itself (status: the last cycle failed → degraded).
 FAILURES: frozenset[str] = frozenset({CycleResult.FAILED, CycleResult.CRASHED})
 # A cycle that ended without its work standing ("last success" skips these).
@@ -45,6 +52,16 @@ COMMIT_FAILED = "commit_failed"
 # not replay onto it, or are red there. Kept under ``refs/evolve/unlanded/<cycle>``; the item is released
 # and not charged an attempt (it did nothing wrong), and it is retried on the new base.
 LAND_FAILED = "land_conflict"
+# The change may never land as it is (a file over [git] max_file_mb), or the agent left the cycle's line
+# (checked out another branch, moved HEAD): kept under refs/evolve/unlanded/<cycle>; an attempt is charged.
+LAND_REFUSED = "land_refused"
+# The mode of a ledger entry that records a landing made after its cycle (``pending_cycle`` names it).
+LAND_MODE = "land"
+
+
+def is_landing(entry: dict[str, object]) -> bool:
+    """An entry that settles an earlier ``pending`` cycle (landed or released): no agent ran for it."""
+    return entry.get("mode") == LAND_MODE and isinstance(entry.get("pending_cycle"), int)
 
 
 def is_idle_poll(entry: dict[str, object]) -> bool:

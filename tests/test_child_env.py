@@ -166,7 +166,7 @@ def test_git_env_is_an_allow_list() -> None:
               "SSH_AUTH_SOCK": "/run/agent", "GNUPGHOME": "/home/op/.gnupg", "EVOLVE_DIR": "/x"}
     plain = gitrun.git_env(source=source)
     assert set(plain) == {"PATH", "HOME", "LC_TIME", "GIT_AUTHOR_NAME", "GIT_TERMINAL_PROMPT", "GIT_PAGER",
-                          "GIT_EDITOR"}
+                          "GIT_EDITOR", "GIT_LITERAL_PATHSPECS"}
     signing = gitrun.git_env(gitrun.GitPolicy(sign=True), source=source)
     assert signing["GNUPGHOME"] == "/home/op/.gnupg" and signing["SSH_AUTH_SOCK"] == "/run/agent"
     assert gitrun.git_env(push=True, source=source)["SSH_AUTH_SOCK"] == "/run/agent"

@@ -223,7 +223,7 @@ def test_dry_run_writes_nothing(env: Env, cli) -> None:
     assert env.calls() == []
     # Where the agent would work (docs/DESIGN.md §8.3), shown, not made.
     assert plan["workspace"] == {"isolation": "worktree", "tree": str(env.tree), "branch": "refs/heads/main",
-                                 "pending_ref": "refs/evolve/pending/main"}
+                                 "pending_ref": "refs/evolve/pending/main", "waiting": []}
     assert agent["env"]["EVOLVE_REPO"] == str(env.tree) and not env.tree.exists()
 
 

@@ -14,10 +14,8 @@ import time
 from pathlib import Path
 
 import orjson
-import pytest
 from support import Env, entry, git, improved_step, live, results
 
-from evolve.cycle.workspace import land_step
 from evolve.procgroup import group_alive
 
 
@@ -42,21 +40,6 @@ def wait_until(pred, what: str, timeout: float = 120.0) -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize(
-    ("tip", "ours_on_tip", "overlap", "step"),
-    [
-        (None, False, None, "gone"),
-        ("t", False, None, "rebase"),
-        ("t", False, True, "rebase"),
-        ("t", True, None, "cas"),
-        ("t", True, False, "fast_forward"),
-        ("t", True, True, "hold"),
-    ],
-)
-def test_land_step_table(tip, ours_on_tip, overlap, step) -> None:
-    assert land_step(tip=tip, ours_on_tip=ours_on_tip, holder_dirty_overlap=overlap) == step
-
-
 def test_a_green_cycle_lands_in_a_clean_checkout_and_the_agent_never_touches_it(env: Env, cli) -> None:
     start = head(env.repo)
     env.queue(entry("add docs"))
@@ -64,7 +47,7 @@ def test_a_green_cycle_lands_in_a_clean_checkout_and_the_agent_never_touches_it(
     r = cli("fire", "--cycles", "1")
     assert r.code == 0, r.stderr
     e = env.ledger()[-1]
-    assert e["result"] == "improved" and e["sha"] == head(env.repo) and "landed" not in e
+    assert e["result"] == "improved" and e["sha"] == head(env.repo) and e["landed"] is True
     assert (env.repo / "docs" / "a.md").read_text() == "a\n"
     assert git(env.repo, "status", "--porcelain").strip() == ""  # fast-forwarded: nothing staged or left over
     assert env.calls()[0]["cwd"] == str(env.tree)  # the agent ran in evolve's worktree
@@ -121,8 +104,10 @@ def test_a_change_in_a_path_the_operator_has_dirty_waits_and_lands_later(env: En
     r = cli("fire", "--cycles", "2")
     assert r.code == 0, r.stderr
     first, second = env.ledger()[-2:]
-    assert first["result"] == second["result"] == "improved"
+    assert first["result"] == second["result"] == "pending"  # green and committed, not on the branch yet
     assert first["landed"] is False and first["pending_ref"] == "refs/evolve/pending/main"
+    items = live(env.paths.nextwork)[0]["items"]
+    assert [i["claim_status"] for i in items] == ["in_progress", "in_progress"]  # held with their commits
     assert head(env.repo) == start  # nothing moved under the operator's edit
     assert (env.repo / "shared.txt").read_text() == "operator is editing this\n"
     # The second cycle built on the first (its base is the waiting commit), and waits with it.
@@ -139,6 +124,11 @@ def test_a_change_in_a_path_the_operator_has_dirty_waits_and_lands_later(env: En
     assert head(env.repo) == second["sha"] and (env.repo / "shared.txt").read_text() == "agent\n"
     assert git(env.repo, "for-each-ref", "refs/evolve/pending/").strip() == ""
     assert git(env.repo, "status", "--porcelain").strip() == ""
+    # The landing is recorded: each waiting cycle settled as improved with the sha now on the branch.
+    landed = [e for e in env.ledger() if e.get("mode") == "land"]
+    assert [(e["pending_cycle"], e["result"], e["sha"]) for e in landed] == [
+        (first["cycle"], "improved", first["sha"]), (second["cycle"], "improved", second["sha"])]
+    assert [i.get("claim_status") for i in live(env.paths.nextwork)[0]["items"]] == ["consumed", "consumed"]
 
 
 def test_a_change_that_conflicts_with_the_operator_s_commit_is_kept_and_the_item_retried(env: Env, cli) -> None:
@@ -224,8 +214,11 @@ def test_a_fast_forward_cut_short_is_finished_by_the_next_fire(env: Env, cli) ->
     git(env.repo, "update-ref", "refs/heads/main", old)  # the ref move never happened
     assert git(env.repo, "status", "--porcelain").strip() == "A  f.txt"  # it would look like the operator's
     env.paths.evolve_dir.mkdir(parents=True, exist_ok=True)
+    held = {"cycle": 1, "work_ref": "source_epic=e1:item=f", "source": "harvested", "claimed_by": "evolve:cycle-1",
+            "title": "f", "sha": new, "commits": 1, "start": old}
     env.paths.landing_intent.write_bytes(orjson.dumps(
-        {"checkout": str(env.repo), "branch": "refs/heads/main", "old": old, "new": new}))
+        {"kind": "cycle", "branch": "refs/heads/main", "base": old, "new": new, "held": [held],
+         "phase": "fast_forward", "old": old, "checkout": str(env.repo)}))
     env.steps([{"report": {"result": "unchanged"}}])
     env.queue(entry("x"))
     r = cli("fire", "--cycles", "1")
@@ -233,16 +226,21 @@ def test_a_fast_forward_cut_short_is_finished_by_the_next_fire(env: Env, cli) ->
     assert "land.finished_after_crash" in r.names()
     assert head(env.repo) == new and git(env.repo, "status", "--porcelain").strip() == ""
     assert not env.paths.landing_intent.exists()
+    # The cycle the dead fire never recorded: improved, with the sha now on the branch; never redone.
+    first = env.ledger()[0]
+    assert (first["cycle"], first["result"], first["sha"], first["recovered"]) == (1, "improved", new, "landing")
 
 
-def test_a_detached_head_falls_back_to_working_in_place(env: Env, cli) -> None:
+def test_a_detached_head_runs_no_agent_and_touches_nothing(env: Env, cli) -> None:
     git(env.repo, "checkout", "-q", "--detach")
+    before = head(env.repo)
     env.queue(entry("a"))
     env.steps([improved_step(path="a.txt", content="a\n")])
     r = cli("fire", "--cycles", "1")
-    assert r.code == 0 and "workspace.in_place" in r.names(), r.stderr
-    assert env.ledger()[-1]["result"] == "improved" and (env.repo / "a.txt").exists()
-    assert not env.tree.exists()
+    assert r.code == 0 and "fire.operator_busy" in r.names(), r.stderr
+    assert env.calls() == [] and env.ledger() == []  # no agent, no cycle
+    assert head(env.repo) == before and not (env.repo / "a.txt").exists() and not env.tree.exists()
+    assert git(env.repo, "status", "--porcelain").strip() == ""
 
 
 def test_the_morning_report_lists_work_set_aside(env: Env, cli) -> None:

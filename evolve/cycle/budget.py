@@ -53,8 +53,8 @@ def read_context(report: AgentReport, *, heavy_pct: float, window_override: int 
 
 
 def next_streak(streak: int, *, heavy: bool, result: str) -> int:
-    """+1 on a heavy cycle; 0 when an ``improved`` cycle lands; otherwise unchanged."""
-    if result == "improved":
+    """+1 on a heavy cycle; 0 when an ``improved`` cycle lands (or waits to: ``pending``); otherwise unchanged."""
+    if result in ("improved", "pending"):
         return 0
     return streak + 1 if heavy else streak
 

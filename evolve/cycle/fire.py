@@ -36,6 +36,7 @@ from evolve.cycle.context import FireContext, Observer
 from evolve.cycle.entry import agent_fields, base_entry, last_attempt_note
 from evolve.cycle.gate import Gate
 from evolve.cycle.handoff import handoff_text, milestone
+from evolve.cycle.pending import Held
 from evolve.cycle.select import Selector
 from evolve.git import change as gitchange
 from evolve.git import refs as gitrefs
@@ -45,7 +46,7 @@ from evolve.harness import hooks as harness_hooks
 from evolve.harness import plan as plans
 from evolve.paths import Paths
 from evolve.procgroup import FIRE_TAG, stop_signals
-from evolve.results import CycleResult
+from evolve.results import LAND_FAILED, LAND_MODE, CycleResult, is_landing
 from evolve.store import session_state
 from evolve.store.atomic import atomic_write_bytes
 from evolve.store.dirfd import ensure_dir
@@ -122,6 +123,7 @@ class Fire:
         # interrupted for it (exit 143) or the fire just started nothing new (exit 0).
         self.halted: str | None = None
         self.halted_agent = False
+        self._phase = "agent_running"  # what a KILL found running: the agent, or the gate and landing after it
 
     @property
     def state(self) -> session_state.SessionState:
@@ -204,6 +206,13 @@ class Fire:
             return self._ended(FireOutcome(exitcodes.OK, f"halt:{step1.halt}", halt=step1.halt))
         if not self._preflight():
             return self._ended(FireOutcome(exitcodes.CONFIG, "preflight"))
+        busy = workspace.busy(self.paths.repo)
+        if busy:
+            # The operator is mid-rebase (or detached, bisecting...): touch nothing, land nothing (§8.3).
+            self.log.info("fire.operator_busy", reason=busy,
+                          detail="no cycle runs until your checkout is back on a branch")
+            self.ctx.save()
+            return self._ended(FireOutcome(exitcodes.OK, "operator_busy"))
 
         self.state.fire = FireRecord(
             pid=os.getpid(), pgid=os.getpgid(0), agent_pgid=None, started_at=utc_iso(now), cycle=None,
@@ -226,11 +235,10 @@ class Fire:
 
     def _open_workspace(self, outcome: FireOutcome) -> bool:
         """The agent's tree for this fire (§8.3): made, a dead cycle's work set aside, waiting commits
-        landed, standing at the base. False (the fire ends, exit 1) when git cannot give us one."""
+        landed (and recorded), standing at the base. False (the fire ends, exit 1) when git cannot."""
         try:
             ws = workspace.open_workspace(
-                self.paths.repo, self.paths.evolve_dir, self.cfg.git, self.gate.git_policy, self.log,
-                self.paths.landing_intent, regate=self.gate.red_reason,
+                self.paths.repo, self.paths, self.cfg.git, self.gate.git_policy, self.log, regate=self.gate.red_reason,
             )
             ws.prepare(self.ledger.last_cycle())
         except (gitrun.GitError, OSError) as exc:
@@ -238,8 +246,52 @@ class Fire:
             outcome.reason, outcome.exit_code = "workspace_error", exitcodes.ERROR
             return False
         self.ws = ws
+        self._settle_waiting()
+        if self.gate.publisher is not None:
+            self.gate.publisher.retry()
         self.selector.work_in(ws.tree)
         return True
+
+    def _settle_waiting(self) -> None:
+        """Cycles whose work waited in a chain and is now settled: each gets the ledger entry that says so
+        (``improved`` with the landed sha, or ``failed`` when it never could land), and its item's claim
+        is finalized or released. Safe to repeat: an entry already written is not written again."""
+        settled, self.ws.settled = list(self.ws.settled), []
+        if not settled:
+            self.ws.done()
+            return
+        seen = {e.get("pending_cycle") for e in self.ledger.tail(2000).entries if is_landing(e)}
+        stamp = utc_iso(self.clock())
+        for s in settled:
+            h = s.held
+            item = WorkItem(source=h.source, ref=h.work_ref, title=h.title)
+            if h.cycle not in seen:
+                result = CycleResult.IMPROVED if s.landed else CycleResult.FAILED
+                entry = self.ctx.entry(self.ledger.last_cycle() + 1, result, item, h.source, LAND_MODE, stamp)
+                entry.update(pending_cycle=h.cycle, landed=s.landed, cycle_start_sha=h.start or None)
+                if s.landed:
+                    entry["sha"] = s.sha
+                else:
+                    entry.update(error_class=LAND_FAILED, error=s.detail[:300], unlanded_ref=s.ref)
+                self.ledger.append(entry)
+                self.ctx.emit("cycle.end", entry=entry)
+                self.log.info("land.settled", pending_cycle=h.cycle, landed=s.landed, sha=s.sha, ref=h.work_ref)
+            src = self.ctx.source(h.source)
+            try:
+                if src is not None and s.landed:
+                    src.finalize(item, h.claimed_by, stamp)
+                elif src is not None:
+                    src.release(item, h.claimed_by or None, stamp, CycleResult.PENDING)
+            except SourceError as exc:
+                self.log.warning("claim.error", ref=h.work_ref, error=str(exc)[:300])
+        for branch in sorted({s.branch for s in settled if s.branch}):
+            self.ws.forget(branch)
+            last = next((s.sha for s in reversed(settled) if s.branch == branch and s.landed and s.sha), None)
+            if last and self.gate.publisher is not None:
+                self.gate.publisher.landed(branch, last)
+        self.state.last_logged_cycle = self.ledger.last_cycle()
+        self.ctx.save()
+        self.ws.done()
 
     def _preflight(self) -> bool:
         """The runner preflight (what `doctor` checks cheaply) before any claim: a config error is not the item's."""
@@ -280,7 +332,7 @@ class Fire:
         return d.halt
 
     def _killed(self, d: halt.Step1) -> None:
-        self._note_halt(d, "agent_running")
+        self._note_halt(d, self._phase)
 
     def _note_halt(self, d: halt.Step1, phase: str) -> None:
         """Remember the halt, and log and notify it as a ``halt`` the first time only."""
@@ -376,7 +428,7 @@ class Fire:
         item = sel.item
         scouted: list[dict[str, str]] = []
         while True:
-            decision, report, result, extra = self._attempt(cycle, item, restorative)
+            decision, report, result, extra = self._attempt(cycle, item, restorative, claimer)
             outcome.cost_usd += report.cost_usd
             if result == "interrupted":
                 break
@@ -402,14 +454,14 @@ class Fire:
         return stop
 
     def _attempt(
-        self, cycle: int, item: WorkItem, restorative: bool
+        self, cycle: int, item: WorkItem, restorative: bool, claimer: str
     ) -> tuple[sessions.ModeDecision, AgentReport, str, dict[str, Any]]:
         """Run the agent once on ``item`` and verify what it did."""
         st = self.state
         self.ws.begin(cycle)
         # Measure first: what the checks themselves leave behind (caches, build output) is not the cycle's.
         goals, pre = self._goals_before()
-        start = workspace.start_of(self.ws.tree)
+        start = self.ws.start()
         self.ctx.write_cycle_state(cycle, item, "agent", start.sha)
         self.log.info("cycle.start", cycle=cycle, ref=item.ref, title=item.title, source=item.source)
         plan, inv = self._plan_agent(cycle, item, restorative)
@@ -433,15 +485,24 @@ class Fire:
         def on_heartbeat(elapsed: float, progress: Mapping[str, Any] | None = None) -> None:
             self.log.info("agent.heartbeat", cycle=cycle, elapsed_s=round(elapsed, 1), **(progress or {}))
 
+        # One watch over the agent, the gate and the landing: a KILL (or signal) stops whichever runs, and
+        # nothing lands after it (§4.4).
         with watch.agent_stop(self.ctx, self.stop, self._killed) as run_stop:
+            self._phase = "agent_running"
             report = self._run_agent(cycle, inv, run_stop, on_start, on_heartbeat, start)
-        assert st.fire is not None
-        st.fire = replace(st.fire, agent_pgid=None)
-        if report.error_class == "interrupted":
-            self.gate.undo(self.ws, start)
-            return decision, report, "interrupted", {}
-        self.ctx.write_cycle_state(cycle, item, "gate", start.sha)
-        result, extra = self.gate.verify(cycle, item, report, self.ws, start, goals=goals, pre=pre)
+            assert st.fire is not None
+            st.fire = replace(st.fire, agent_pgid=None)
+            if report.error_class == "interrupted":
+                _, kept = self.gate.interrupted(cycle, self.ws, start, "agent run")
+                # The report's own error says why (a KILL, a signal, "agent not started"); add where the work is.
+                return decision, report, "interrupted", {k: v for k, v in kept.items() if k == "interrupted_ref"}
+            self._phase = "gate"
+            self.ctx.write_cycle_state(cycle, item, "gate", start.sha)
+            held = Held(cycle=cycle, work_ref=item.ref, source=item.source, claimed_by=claimer, title=item.title)
+            result, extra = self.gate.verify(cycle, item, report, self.ws, start, goals=goals, pre=pre, held=held,
+                                             stop=run_stop)
+            if result == CycleResult.INTERRUPTED:
+                self.halted_agent = self.halted is not None  # a KILL cut the gate short: 143, like an agent
         return decision, report, result, extra
 
     def _run_agent(
@@ -590,6 +651,7 @@ class Fire:
             if effect.notify:
                 self.ctx.emit(effect.event, **effect.fields)
         self.ctx.save()
+        self._settle_waiting()  # earlier cycles this landing settled; then the landing intent goes
         self.paths.cycle_state.unlink(missing_ok=True)
         if t.exit_code != exitcodes.OK:
             outcome.exit_code = t.exit_code
@@ -735,11 +797,17 @@ class Fire:
             plan["selection"] = None
             if sel.item is not None:
                 agent_plan, inv = self._plan_agent(cycle, sel.item, d.restorative, new_id="<new-session-uuid>")
-                ws = workspace.open_workspace(self.paths.repo, self.paths.evolve_dir, self.cfg.git,
-                                              self.gate.git_policy, self.log, self.paths.landing_intent)
-                plan["workspace"] = workspace.describe(ws)
+                busy = workspace.busy(self.paths.repo)
+                if busy:
+                    plan["workspace"] = {"operator_busy": busy, "would_run": False}
+                else:
+                    ws = workspace.open_workspace(self.paths.repo, self.paths, self.cfg.git, self.gate.git_policy,
+                                                  self.log)
+                    plan["workspace"] = workspace.describe(ws)
                 plan["selection"] = {**sel.item.as_json(), "ref": sel.item.ref, "rung": sel.rung}
-                plan["agent"] = dryrun.agent_json(agent_plan, replace(inv, repo=ws.tree), self._runner())
+                tree = workspace.tree_path(self.paths.repo, self.paths.evolve_dir, self.cfg.git) if (
+                    self.cfg.git.isolation == "worktree") else self.paths.repo
+                plan["agent"] = dryrun.agent_json(agent_plan, replace(inv, repo=tree), self._runner())
         self.log.info("fire.dry_run", **{k: v for k, v in plan.items() if k != "agent"})
         out = FireOutcome(exitcodes.OK, "dry-run", halt=d.halt)
         out.entries.append(plan)

@@ -10,6 +10,7 @@ import os
 import re
 import shlex
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,12 +19,15 @@ from evolve import crashpoint, redact
 from evolve.agent.report import AgentReport
 from evolve.childenv import BASE, FIRE, child_env
 from evolve.config import Config
-from evolve.cycle.workspace import Land, Start, Workspace
+from evolve.cycle.pending import Held
+from evolve.cycle.publish import Publisher
+from evolve.cycle.workspace import InPlace, Isolated, Land, Start, Workspace
 from evolve.git import change as gitchange
+from evolve.git import refs as gitrefs
 from evolve.git import run as gitrun
 from evolve.paths import Paths
 from evolve.procgroup import Limits, run_group
-from evolve.results import COMMIT_FAILED, LAND_FAILED, SUCCESS, CycleResult
+from evolve.results import COMMIT_FAILED, LAND_FAILED, LAND_REFUSED, SUCCESS, CycleResult
 from evolve.store.atomic import open_artifact
 from evolve.store.dirfd import ensure_dir
 from evolve.work.item import WorkItem, clean_text
@@ -122,6 +126,8 @@ class Gate:
         self.log = log
         self.env = env or {}
         self.git_policy = gitrun.GitPolicy(run_hooks=cfg.git.run_hooks, sign=cfg.git.sign, timeout_s=cfg.git.timeout_s)
+        self.publisher: Publisher | None = Publisher(paths.repo, paths.push_state, cfg.land.remote, cfg.git.push,
+                                                     self.git_policy, log)
 
     def command_env(self) -> dict[str, str]:
         """A gate command runs the repo's code: locale, PATH, the fire's id and ``[gate] pass_env``, no secret."""
@@ -144,14 +150,23 @@ class Gate:
         *,
         goals: Any = None,
         pre: dict[str, Any] | None = None,
+        held: Held | None = None,
+        stop: threading.Event | None = None,
     ) -> tuple[str, dict[str, Any]]:
         """The cycle's result and the ledger fields the gate adds. ``goals`` measures after the cycle,
-        in the tree the agent worked in; a green change then lands (§8.3)."""
+        in the tree the agent worked in; a green change then lands (§8.3). ``stop`` (a KILL or signal)
+        stops a running gate command and lands nothing: the cycle is ``interrupted``, its work kept."""
         crashpoint.reached("gate")
         tree = start.tree
         extra: dict[str, Any] = {"cycle_start_sha": start.sha}
+        off = ws.after_agent(start)  # the worktree detached again; is its HEAD still the cycle's?
+        if off and report.result in SUCCESS:
+            self.log.error("gate.off_line", cycle=cycle, detail=off)
+            return CycleResult.FAILED, {**extra, **self._refuse(cycle, ws, start, off), **goal_fields(pre)}
         touched = (gitchange.dirty_paths(tree) - start.dirty_before) | gitchange.changed_since(tree, start.sha)
-        red = self.run_commands(tree) if report.result in SUCCESS else None
+        red = self.run_commands(tree, stop) if report.result in SUCCESS else None
+        if _stopped(stop):
+            return self.interrupted(cycle, ws, start, "gate")
         substantive = bool(gitchange.substantive(touched))
         verdict = judge(report.result, substantive=substantive, red=red.detail if red else None)
         if verdict.revert:
@@ -167,6 +182,8 @@ class Gate:
         if saved is not None:
             return saved[0], {**extra, **saved[1], **goal_fields(pre)}
         post = goals.measure_post() if goals is not None and pre is not None else None
+        if _stopped(stop):
+            return self.interrupted(cycle, ws, start, "gate")
         lost = goal_regressions(pre, post)
         if lost:
             detail = "goal regressed: " + ", ".join(lost)
@@ -182,7 +199,7 @@ class Gate:
                 "goals_regressed": lost,
                 **goal_fields(pre),
             }
-        landed = self._land(cycle, ws, start)
+        landed = self._land(cycle, ws, start, held, stop)
         if landed is not None and landed[0] is not None:
             return landed[0], {**extra, **landed[1], **goal_fields(pre)}
         if landed is not None:
@@ -193,28 +210,61 @@ class Gate:
             goals.accept(post)
         if self.cfg.gate.commands or post is not None:
             extra["gate"] = "PASS"
+        if extra.get("landed") is False and result == CycleResult.IMPROVED:
+            result = CycleResult.PENDING  # green and committed, not on the branch: the record says so
         return result, {**extra, **goal_fields(post or pre)}
 
+    def interrupted(self, cycle: int, ws: Workspace, start: Start, phase: str) -> tuple[str, dict[str, Any]]:
+        """A KILL or signal cut the cycle short: nothing lands, and its work is kept under a ref."""
+        out: dict[str, Any] = {"cycle_start_sha": start.sha, "error_class": "interrupted",
+                               "error": f"interrupted during the {phase}: nothing landed"}
+        try:
+            ref = ws.keep(cycle, start)
+        except (gitrun.GitError, OSError) as exc:
+            self.log.error("workspace.keep_failed", cycle=cycle, error=str(exc)[:300])
+            self.undo(ws, start)
+            return CycleResult.INTERRUPTED, out
+        if ref:
+            out["interrupted_ref"] = ref
+            out["error"] += f"; the work is kept at {ref}"
+        return CycleResult.INTERRUPTED, out
+
+    def _refuse(self, cycle: int, ws: Workspace, start: Start, why: str) -> dict[str, Any]:
+        """Work that may not land (the agent left the cycle's line): kept under refs/evolve/unlanded/, reset."""
+        out: dict[str, Any] = {"error_class": LAND_REFUSED, "error": why[:300]}
+        try:
+            ref = ws.keep(cycle, start, unlanded=True)
+        except (gitrun.GitError, OSError) as exc:
+            self.log.error("workspace.keep_failed", cycle=cycle, error=str(exc)[:300])
+            self.undo(ws, start)
+            return out
+        if ref:
+            out["unlanded_ref"] = ref
+        return out
+
     def _land(
-        self, cycle: int, ws: Workspace, start: Start
+        self, cycle: int, ws: Workspace, start: Start, held: Held | None, stop: threading.Event | None
     ) -> tuple[CycleResult | None, dict[str, Any]] | None:
         """Land the cycle's commits: (None, fields) when they are on the branch or wait for it; a
-        ``failed`` verdict when they could not be replayed onto a moved branch (kept under a ref)."""
+        ``failed`` verdict when they cannot land (kept under a ref); ``interrupted`` on a stop."""
+        held = held or Held(cycle=cycle)
         try:
-            landing = ws.land(cycle, start)
+            landing = ws.land(cycle, start, held, stop)
         except (gitrun.GitError, OSError) as exc:
             self.log.error("git.land_failed", cycle=cycle, error=str(exc)[:300])
             self.undo(ws, start)
             return CycleResult.FAILED, {"error_class": LAND_FAILED, "error": str(exc)[:300]}
         if landing.outcome is Land.NOTHING:
             return None
-        if landing.outcome is Land.CONFLICT:
+        if landing.outcome is Land.INTERRUPTED:
+            return self.interrupted(cycle, ws, start, "landing")  # type: ignore[return-value]
+        if landing.outcome in (Land.CONFLICT, Land.REFUSED):
             return CycleResult.FAILED, {
-                "error_class": LAND_FAILED, "error": landing.detail[:300], "unlanded_ref": landing.ref,
-                "unlanded_sha": landing.sha,
+                "error_class": LAND_REFUSED if landing.outcome is Land.REFUSED else LAND_FAILED,
+                "error": landing.detail[:300], "unlanded_ref": landing.ref, "unlanded_sha": landing.sha,
             }
-        if landing.outcome is Land.LANDED:
-            self._push()
+        if landing.outcome is Land.LANDED and self.publisher is not None and isinstance(ws, Isolated | InPlace):
+            self.publisher.landed(getattr(ws, "branch", "") or _branch(ws.repo), landing.sha or "")
         return None, {"sha": landing.sha, **landing.fields}
 
     def _commit(
@@ -257,15 +307,6 @@ class Gate:
             out["uncommitted_left_in_tree"] = True  # saved, but also still there: say so
         return out
 
-    def _push(self) -> None:
-        if not self.cfg.git.push:
-            return
-        try:
-            gitrun.git(self.paths.repo, "push", policy=self.git_policy)
-            self.log.info("git.push")
-        except gitrun.GitError as exc:
-            self.log.error("git.push_failed", error=str(exc))
-
     def _keep_output(self, cycle: int, reds: list[Red]) -> dict[str, Any]:
         """Why the cycle went red, kept: each tail in the cycle's run log, an excerpt for the ledger."""
         r = redact.current()  # the sinks: the run log and the ledger entry
@@ -285,15 +326,16 @@ class Gate:
             self.log.error("gate.output_not_kept", cycle=cycle, path=str(log_path), error=str(exc)[:300])
         return {"gate_output": r.text(excerpt(shown[0].output)), "run_log": str(log_path)}
 
-    def red_reason(self, cwd: Path) -> str | None:
+    def red_reason(self, cwd: Path, stop: threading.Event | None = None) -> str | None:
         """The gate commands again in ``cwd`` (commits replayed onto a moved branch, §8.3): why red, or None."""
-        red = self.run_commands(cwd)
+        red = self.run_commands(cwd, stop)
         return red.detail if red else None
 
-    def run_commands(self, cwd: Path | None = None) -> Red | None:
+    def run_commands(self, cwd: Path | None = None, stop: threading.Event | None = None) -> Red | None:
         """The first red gate command (its one-line reason and output tail), or None when all are green.
 
-        ``cwd``: where the commands run (the repository unless said otherwise).
+        ``cwd``: where the commands run (the repository unless said otherwise). ``stop`` stops the
+        running command's process group (a KILL or signal); the caller sees it set and lands nothing.
         """
         env = self.command_env()
         where = self.paths.repo if cwd is None else cwd
@@ -308,11 +350,14 @@ class Gate:
                         env=env,
                         limits=Limits(timeout_s=self.cfg.gate.timeout_s, grace_s=2.0, tail_bytes=0),
                         log_path=out,
+                        stop=stop,
                     )
                 except OSError as exc:
                     return Red(f"{label}: {exc}")
                 text = out.read_text(errors="replace") if out.exists() else ""
             tail = redact.current().text(output_tail(text))
+            if _stopped(stop):
+                return Red(f"{label}: stopped (KILL or a signal)", tail)
             if proc.timed_out:
                 return Red(f"{label}: timed out after {self.cfg.gate.timeout_s:g}s; process group killed", tail)
             if proc.returncode != 0:
@@ -320,6 +365,14 @@ class Gate:
             if _STRUCTURAL_RED.search(text):
                 return Red(f"{label}: structural FAILED/BLOCKED marker", tail)
         return None
+
+
+def _stopped(stop: threading.Event | None) -> bool:
+    return stop is not None and stop.is_set()
+
+
+def _branch(repo: Path) -> str:
+    return gitrefs.branch_of(repo) or ""
 
 
 def goal_reds(lost: list[str], post: dict[str, Any] | None) -> list[Red]:

@@ -9,10 +9,16 @@ released.
 
 from __future__ import annotations
 
-from evolve.cycle import reconcile
+from dataclasses import replace
+from pathlib import Path
+
+from evolve.cycle import pending, reconcile
 from evolve.cycle.context import FireContext
 from evolve.cycle.entry import base_entry
 from evolve.cycle.transition import ClaimAction
+from evolve.git import landing
+from evolve.git import refs as gitrefs
+from evolve.git.run import GitError
 from evolve.procgroup import FIRE_TAG, group_alive, kill_group, tagged_groups
 from evolve.results import CycleResult
 from evolve.store.atomic import sweep_temps
@@ -36,6 +42,7 @@ def sweep(ctx: FireContext) -> None:
 
 def recover(ctx: FireContext) -> None:
     """Settle a fire that died (we hold the lock, so whoever recorded ``state.fire`` is gone)."""
+    settle_landing(ctx)
     st = ctx.state
     d = reconcile.decide(st.fire, st.claimed_work, ctx.ledger.last_cycle(), ctx.ledger.last())
     if not d.dead_fire and d.claim is None:
@@ -73,6 +80,90 @@ def _kill_orphans(ctx: FireContext, d: reconcile.Reconcile) -> None:
         if group_alive(pgid):
             ctx.log.warning("reconcile.kill_orphan", pgid=pgid, found_by=FIRE_TAG)
             kill_group(pgid, grace_s=ORPHAN_GRACE_S)
+
+
+def settle_landing(ctx: FireContext) -> None:
+    """A landing intent a dead fire left (docs/DESIGN.md §8.3), resolved against the branch before anything else.
+
+    A fast-forward cut short is finished in the operator's checkout (or, when they edited those paths
+    since, left alone and said). Then: the chain's tip on the branch means it landed, so a cycle the
+    ledger has not recorded yet is recorded ``improved`` with the landed sha (its claim is then finalized
+    by the usual rule, never redone) and waiting cycles it carried are marked landed for the workspace to
+    settle; held (``pending``) means the cycle's ``pending`` entry, the chain record and its ref are made
+    whole; anything else landed nothing, and the dead cycle is ``crashed`` as before.
+    """
+    path = ctx.paths.landing_intent
+    try:
+        intent = pending.read_intent(path)
+    except OSError as exc:
+        ctx.log.error("land.intent_unreadable", path=str(path), error=str(exc)[:200])
+        return
+    if intent is None:
+        path.unlink(missing_ok=True)
+        return
+    repo = ctx.paths.repo
+    try:
+        if intent.phase == "fast_forward" and intent.checkout and intent.old:
+            why = landing.finish(Path(intent.checkout), intent.branch, intent.old, intent.new)
+            if why:
+                ctx.log.error("land.finish_refused", checkout=intent.checkout, why=why)
+            else:
+                ctx.log.warning("land.finished_after_crash", sha=intent.new, branch=intent.branch)
+        tip = gitrefs.rev(repo, intent.branch)
+        landed = tip is not None and gitrefs.is_ancestor(repo, intent.new, tip)
+        chains = pending.load(ctx.paths.pending)
+        if landed:
+            _recovered_landed(ctx, intent, chains)
+        elif intent.phase == "hold" and intent.kind == "cycle":
+            _recovered_held(ctx, intent, chains)
+    except (GitError, OSError) as exc:
+        ctx.log.error("land.intent_unresolved", error=str(exc)[:300])
+        return  # kept: the next fire tries again
+    path.unlink(missing_ok=True)
+
+
+def _recovered_landed(ctx: FireContext, intent: pending.Intent, chains: dict[str, pending.Chain]) -> None:
+    earlier = intent.held[:-1] if intent.kind == "cycle" else intent.held
+    if earlier:
+        chain = chains.get(intent.branch) or intent.chain()
+        chains[intent.branch] = replace(chain, held=earlier, fate="landed")
+        pending.save(ctx.paths.pending, chains)
+    if intent.kind == "cycle" and intent.held:
+        cur = intent.held[-1]
+        if ctx.ledger.last_cycle() < cur.cycle:
+            _log_recovered(ctx, cur, CycleResult.IMPROVED, {"sha": cur.sha, "landed": True})
+        ctx.log.warning("reconcile.landed", cycle=cur.cycle, sha=cur.sha, branch=intent.branch)
+
+
+def _recovered_held(ctx: FireContext, intent: pending.Intent, chains: dict[str, pending.Chain]) -> None:
+    cur = intent.held[-1] if intent.held else None
+    if cur is None:
+        return
+    chain = chains.get(intent.branch)
+    if chain is None or all(h.cycle != cur.cycle for h in chain.held):
+        chains[intent.branch] = replace(intent.chain(), reason="held (recorded after a crash)")
+        pending.save(ctx.paths.pending, chains)
+    ref = gitrefs.PENDING_REF + intent.branch.removeprefix("refs/heads/")
+    now = gitrefs.rev(ctx.paths.repo, ref)
+    if now != intent.new:
+        gitrefs.update_ref(ctx.paths.repo, ref, intent.new, now)
+    if ctx.ledger.last_cycle() < cur.cycle:
+        fields = {"sha": cur.sha, "landed": False, "pending_ref": ref}
+        _log_recovered(ctx, cur, CycleResult.PENDING, fields)
+    ctx.log.warning("reconcile.pending", cycle=cur.cycle, sha=cur.sha, ref=ref)
+
+
+def _log_recovered(ctx: FireContext, cur: pending.Held, result: CycleResult, fields: dict[str, object]) -> None:
+    fire = ctx.state.fire or FireRecord()
+    entry = base_entry(
+        cycle=cur.cycle, result=result, timestamp=utc_iso(ctx.clock()), title=cur.title or "idle",
+        source=cur.source or "idle", work_ref=cur.work_ref or None, mode=f"{cur.source}:recovered",
+        session_id=ctx.session_id(), fire_id=fire.fire_id,
+    )
+    entry.update(cycle_start_sha=cur.start or None, recovered="landing", **fields)
+    ctx.ledger.append(entry)
+    ctx.state.last_logged_cycle = cur.cycle
+    ctx.state.last_result = str(result)
 
 
 def _log_crashed(ctx: FireContext, cycle: int, fire: FireRecord, claimed: ClaimedWork | None) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from evolve.childenv import work_env
 from evolve.config import Config, claim_visibility_s
+from evolve.cycle import pending
 from evolve.paths import Paths
 from evolve.store.ledger import Ledger
 from evolve.store.markers import read_marker
@@ -114,6 +115,8 @@ class Selector:
     # -- selection -------------------------------------------------------------------------
 
     def ladder_input(self, state: Any, *, restorative: bool, excluded: frozenset[str]) -> ladder.LadderInput:
+        # An item whose green commits wait to land keeps its claim: never selected (nor taken over) again.
+        excluded = excluded | pending.held_refs(self.paths.pending)
         tail = Ledger(self.paths.ledger).tail(500).entries
         era = ladder.era_entries(tail)
         rescope = read_marker(self.paths.rescope, 0)
@@ -158,6 +161,8 @@ class Selector:
 
     def probe_any_work(self, state: Any) -> str:
         """For the DORMANT gate: ``work``, ``empty`` or ``error`` (no generators, no new measurement)."""
+        if pending.held_refs(self.paths.pending):
+            return "work"  # green commits waiting to land are work: DORMANT must never keep them from landing
         inp = replace(self.ladder_input(state, restorative=False, excluded=frozenset()), generators_configured=False)
         sel = self._resolve(inp, measure=False)
         if sel.item is not None or sel.blocked_mode is not None:

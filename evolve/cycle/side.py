@@ -12,6 +12,7 @@ import orjson
 
 from evolve import redact
 from evolve.agent.session import note_event
+from evolve.cycle import pending
 from evolve.cycle.context import FireContext
 from evolve.cycle.entry import base_entry
 from evolve.results import CycleResult
@@ -88,7 +89,10 @@ def idle(ctx: FireContext, cycle: int, errors: tuple[str, ...], mode: str, entri
         return
     step = dormancy.empty_pass(st.idle_streak, st.generator_empty_streak, mode)
     st.idle_streak, st.generator_empty_streak = step.idle_streak, step.generator_empty_streak
-    if step.action == "dormant":
+    if step.action == "dormant" and pending.held_refs(ctx.paths.pending):
+        # Green commits still wait to land: that is work, so no DORMANT (the next fire tries to land them).
+        ctx.log.info("dormant.not_written", cycle=cycle, reason="green commits wait to land")
+    elif step.action == "dormant":
         text = f"cycle {cycle}\n{utc_iso(now)}\n{dormancy.REASON}\n"
         atomic_write_bytes(ctx.paths.dormant, text.encode())
         ctx.log.info("dormant.written", cycle=cycle)

@@ -21,7 +21,7 @@ from typing import Any
 
 from evolve import exitcodes
 from evolve.cycle import budget
-from evolve.results import COMMIT_FAILED, LAND_FAILED, SUCCESS, CycleResult
+from evolve.results import COMMIT_FAILED, GREEN, LAND_FAILED, SUCCESS, CycleResult
 from evolve.store.session_state import SessionState
 from evolve.timeutil import utc_iso
 
@@ -35,6 +35,7 @@ class ClaimAction(StrEnum):
     FINALIZE = "finalize"  # consumed: the work stands
     RELEASE = "release"  # back to the source for another attempt
     NONE = "none"  # already settled (a scout with nothing next) or no source to talk to
+    KEEP = "keep"  # the item waits with its green commits (pending): its claim is the pending record's
 
 
 class Breaker(StrEnum):
@@ -57,7 +58,11 @@ def claim_action(result: str, *, heavy: bool) -> ClaimAction:
     """Consume only work that stands and whose session did not run out of room.
 
     A heavy cycle parks its item for a fresh session: released, so the next session takes it again.
+    A ``pending`` cycle's item keeps its claim whatever else holds: its work exists and waits to land,
+    and it is finalized once that work is on the branch (docs/DESIGN.md §8.3), never redone.
     """
+    if result == CycleResult.PENDING:
+        return ClaimAction.KEEP
     return ClaimAction.FINALIZE if result in SUCCESS and not heavy else ClaimAction.RELEASE
 
 
@@ -153,7 +158,7 @@ def after_cycle(state: SessionState, facts: CycleFacts, policy: Policy) -> Trans
         state=nxt,
         claim=claim,
         park=park,
-        queue_new_work=facts.has_new_work and facts.result in SUCCESS,
+        queue_new_work=facts.has_new_work and facts.result in GREEN,
         breaker=breaker,
         stop=stop,
         exit_code=code,
@@ -188,7 +193,7 @@ def _attempts(
     attempts: the item did nothing wrong.
     """
     attempts, parked, ref = dict(state.attempts), list(state.parked_work), facts.work_ref
-    if claim is ClaimAction.FINALIZE:
+    if claim in (ClaimAction.FINALIZE, ClaimAction.KEEP):
         attempts.pop(ref, None)
         return attempts, [r for r in parked if r != ref], None
     counts = (
@@ -213,7 +218,7 @@ def _parked_items(state: SessionState, facts: CycleFacts, claim: ClaimAction, pa
     items = [r for r in state.parked_items if r != facts.work_ref]
     if park is not None:
         items.append(facts.work_ref)
-    elif claim is not ClaimAction.FINALIZE and facts.work_ref in state.parked_items:
+    elif claim not in (ClaimAction.FINALIZE, ClaimAction.KEEP) and facts.work_ref in state.parked_items:
         items.append(facts.work_ref)  # still parked: keep it (at the end: the newest park last)
     return items[-PARKED_KEPT:]
 

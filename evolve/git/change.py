@@ -115,7 +115,8 @@ def commit_message(cycle: int, target: str, result: str, cap: int = 72) -> str:
     return f"evolve: cycle {cycle} -- {target} {result}"
 
 
-def save_uncommitted(repo: Path, paths: Iterable[str], cycle: int, message: str) -> str:
+def save_uncommitted(repo: Path, paths: Iterable[str], cycle: int, message: str, *,
+                     prefix: str = UNCOMMITTED_REF) -> str:
     """Keep ``paths`` as they are now in a commit on ``HEAD`` under ``refs/evolve/uncommitted/<cycle>[-n]``.
 
     A scratch index (never ``.git/index``, which a stale ``index.lock`` may hold) and no signing:
@@ -134,7 +135,7 @@ def save_uncommitted(repo: Path, paths: Iterable[str], cycle: int, message: str)
         tree = git(repo, "write-tree", extra_env=env).strip()
         parent = ["-p", base] if base else []
         sha = git(repo, "commit-tree", tree, *parent, "-m", message, extra_env=env).strip()
-    ref = free_ref(repo, UNCOMMITTED_REF, cycle)  # never over an earlier cycle's saved change
+    ref = free_ref(repo, prefix, cycle)  # never over an earlier cycle's saved change
     git(repo, "update-ref", ref, sha, "0" * 40)
     return ref
 

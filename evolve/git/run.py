@@ -67,8 +67,10 @@ def git_env(policy: GitPolicy = SAFE, *, push: bool = False, source: Mapping[str
     """The environment of evolve's own git: an allow-list, so a hook, filter or gpg program gets no secret."""
     extra = (*(SIGN_ALLOW if policy.sign else ()), *(PUSH_ALLOW if push else ()))
     # No prompt (an unattended loop would hang), no pager, no editor.
+    # Literal pathspecs: a path evolve names is that path, never a glob (a file called ``*`` is just that).
     return child_env(source, GIT_ALLOW, extra,
-                     set_={"GIT_TERMINAL_PROMPT": "0", "GIT_PAGER": "cat", "GIT_EDITOR": "true"})
+                     set_={"GIT_TERMINAL_PROMPT": "0", "GIT_PAGER": "cat", "GIT_EDITOR": "true",
+                           "GIT_LITERAL_PATHSPECS": "1"})
 
 
 def _config_args(policy: GitPolicy) -> list[str]:

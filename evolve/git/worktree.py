@@ -1,8 +1,7 @@
 """Git for the agent's own worktree (docs/DESIGN.md §8.3): create it, set work aside, land commits.
 
 Everything goes through :func:`evolve.git.run.run_git` (no hooks, minimal environment, bounded). The
-branch the operator works on only ever moves by compare-and-swap (``update-ref <ref> <new> <old>``)
-or by git's own fast-forward in the checkout that has it, which refuses to overwrite a local change.
+worktree is evolve's alone and always detached: no branch moves when evolve commits or resets in it.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from evolve.git.refs import head, rev
 from evolve.git.run import SAFE, GitError, GitPolicy, git, identity, run_git
@@ -64,16 +64,30 @@ def checkouts(repo: Path) -> list[Checkout]:
 
 
 
-def ensure(repo: Path, path: Path, base: str, policy: GitPolicy = SAFE) -> bool:
+OWNED = "evolve-owned"  # in the worktree's admin dir (<common>/worktrees/<name>/): evolve made it
+
+
+def ensure(repo: Path, path: Path, base: str, policy: GitPolicy = SAFE, *, adopt: bool = False) -> bool:
     """The agent's worktree at ``path``, detached at ``base``; made (again) when missing or broken.
 
     True when it had to be made. What is at ``path`` is only ever removed when it is this repository's
-    worktree (its ``.git`` file points into our ``worktrees/``), never anything else.
+    worktree (its ``.git`` file points into our ``worktrees/``) *and* evolve made it (:data:`OWNED` in its
+    admin dir), never anything else: a ``[git] worktree_dir`` naming the operator's own linked worktree
+    is refused, its branch untouched. ``adopt``: a detached worktree without the mark at evolve's default
+    path is one an older evolve made; it is marked now.
     """
-    if (path / ".git").is_file() and rev(path, "HEAD") and _registered(repo, path):
+    admin = _admin_dir(path)
+    if admin is not None and not (admin / OWNED).exists():
+        attached = _attached_branch(path)
+        if attached or not adopt:
+            what = f"it has branch {attached.removeprefix('refs/heads/')} checked out" if attached else "it has no mark"
+            raise GitError(f"{path} is a git worktree evolve did not create ({what}); set [git] worktree_dir "
+                           "to a path of its own (or remove that worktree with `git worktree remove`)")
+        (admin / OWNED).write_text("made by evolve for its agent (docs/DESIGN.md §8.3)\n", encoding="utf-8")
+    if admin is not None and rev(path, "HEAD") and _registered(repo, path):
         return False
     if path.exists() or path.is_symlink():
-        if not _ours(repo, path):
+        if admin is None:
             raise GitError(f"{path} exists and is not this repository's worktree; move it or set [git] worktree_dir")
         run_git(repo, "worktree", "remove", "--force", str(path))
         if path.exists():  # ours, but git cannot remove it (its HEAD broken): the files go, it is rebuilt
@@ -81,17 +95,31 @@ def ensure(repo: Path, path: Path, base: str, policy: GitPolicy = SAFE) -> bool:
     run_git(repo, "worktree", "prune")
     path.parent.mkdir(parents=True, exist_ok=True)
     git(repo, "worktree", "add", "-q", "--detach", str(path), base, policy=policy)
+    made = _admin_dir(path)
+    if made is None:
+        raise GitError(f"git made no worktree at {path}")
+    (made / OWNED).write_text("made by evolve for its agent (docs/DESIGN.md §8.3)\n", encoding="utf-8")
     return True
 
 
-def _ours(repo: Path, path: Path) -> bool:
+def _admin_dir(path: Path) -> Path | None:
+    """The worktree's admin dir when ``path`` is one of this repository's linked worktrees, else None."""
     if path.is_symlink() or not (path / ".git").is_file():
-        return False
+        return None
     text = (path / ".git").read_text(encoding="utf-8", errors="replace").strip()
     if not text.startswith("gitdir:"):
-        return False
+        return None
     gitdir = Path(os.path.normpath(path / text[len("gitdir:"):].strip()))
-    return gitdir.parent == common_dir(repo) / "worktrees"
+    return gitdir if gitdir.is_dir() and gitdir.parent.name == "worktrees" else None
+
+
+def _attached_branch(path: Path) -> str:
+    admin = _admin_dir(path)
+    try:
+        text = (admin / "HEAD").read_text(encoding="utf-8", errors="replace").strip() if admin else ""
+    except OSError:
+        return ""
+    return text[4:].strip() if text.startswith("ref:") else ""
 
 
 def _registered(repo: Path, path: Path) -> bool:
@@ -100,8 +128,12 @@ def _registered(repo: Path, path: Path) -> bool:
     return False
 
 
-def share(repo: Path, tree: Path) -> None:
-    """Link the per-checkout files of :data:`SHARED` from the operator's checkout into the worktree."""
+def share(repo: Path, tree: Path, log: Any = None) -> None:
+    """Link the per-checkout files of :data:`SHARED` from the operator's checkout into the worktree.
+
+    Never through a link the repository committed: a ``.claude`` that is a symlink in the worktree
+    (checked out from the repository) would put evolve's link wherever it points, outside both trees.
+    """
     exclude = common_dir(repo) / "info" / "exclude"
     lines = exclude.read_text(encoding="utf-8", errors="replace").splitlines() if exclude.exists() else []
     want = [f"/{name}" for name in SHARED if f"/{name}" not in lines]
@@ -112,16 +144,42 @@ def share(repo: Path, tree: Path) -> None:
             fh.write("".join(f"{w}\n" for w in want))
     for name in SHARED:
         source, link = repo / name, tree / name
-        if name == ".agents":
-            source.mkdir(exist_ok=True)
-        if link.is_symlink() or link.exists() or not (source.exists() or source.is_symlink()):
+        if name == ".agents" and not os.path.lexists(source):
+            source.mkdir()
+        if os.path.lexists(link) or not os.path.lexists(source):
             continue  # tracked in the repository (then the worktree has its own), or nothing to share
-        link.parent.mkdir(parents=True, exist_ok=True)
+        parts = link.relative_to(tree).parts
+        parents = [tree.joinpath(*parts[:i]) for i in range(1, len(parts))]
+        linked = next((p for p in parents if os.path.islink(p) or (os.path.lexists(p) and not os.path.isdir(p))), None)
+        if linked is not None:
+            if log is not None:
+                log.warning("workspace.link_not_followed", path=str(linked), skipped=name,
+                            detail="a link (or file) from the repository is in the way: nothing written through it")
+            continue
+        for p in parents:
+            if not os.path.lexists(p):
+                p.mkdir()
         link.symlink_to(source)
 
 
+def attached(tree: Path) -> str:
+    """The branch the worktree's HEAD names (``refs/heads/...``), or "" when detached."""
+    proc = run_git(tree, "symbolic-ref", "-q", "HEAD")
+    return proc.stdout.strip() if proc.returncode == 0 else ""
+
+
+def detach(tree: Path, policy: GitPolicy = SAFE) -> None:
+    """Detach the worktree's HEAD where it is (files and index untouched): no branch moves with it."""
+    if attached(tree):
+        sha = head(tree)
+        if sha:
+            git(tree, "update-ref", "--no-deref", "-m", "evolve: detach", "HEAD", sha, policy=policy)
+
+
 def reset(tree: Path, sha: str, policy: GitPolicy = SAFE) -> None:
-    """The worktree exactly at ``sha``: changes and untracked files gone (ignored ones and the links stay)."""
+    """The worktree exactly at ``sha``, detached: changes and untracked files gone (ignored ones and the
+    links stay). Detached first, so a branch the agent checked out there is never moved by the reset."""
+    detach(tree, policy)
     git(tree, "reset", "-q", "--hard", sha, policy=policy)
     git(tree, "clean", "-q", "-f", "-d", policy=policy)
 
@@ -145,22 +203,3 @@ def save_tree(tree: Path, paths: Iterable[str], ref: str, message: str) -> str:
         sha = git(tree, "commit-tree", snap, *parent, "-m", message, extra_env=env).strip()
     git(tree, "update-ref", ref, sha)
     return ref
-
-
-
-
-def fast_forward(checkout: Path, new: str, policy: GitPolicy = SAFE) -> bool:
-    """Git's own fast-forward in the operator's checkout: refuses (False) rather than touch a local change."""
-    ident = identity(checkout)
-    return run_git(checkout, "merge", "-q", "--ff-only", "--no-edit", new, policy=policy,
-                   extra_env=ident).returncode == 0
-
-
-def rebase(tree: Path, onto: str, upstream: str, policy: GitPolicy = SAFE) -> str | None:
-    """Replay the worktree's commits after ``upstream`` onto ``onto``; the new HEAD, or None on conflict."""
-    ident = identity(tree)
-    proc = run_git(tree, "rebase", "-q", "--onto", onto, upstream, policy=policy, extra_env=ident)
-    if proc.returncode != 0:
-        run_git(tree, "rebase", "--abort", policy=policy, extra_env=ident)
-        return None
-    return head(tree)

@@ -1,0 +1,108 @@
+"""``[git] push``: publish what landed, where it landed (docs/DESIGN.md §8.3).
+
+After a landing on ``<branch>`` evolve runs ``git push <remote> <sha>:refs/heads/<branch>`` with
+``<remote>`` from ``[land] remote``: the landed commit, never whatever the operator's checkout has
+checked out (a bare ``git push`` would publish another branch's unpublished commits). A landing made
+later from ``refs/evolve/pending/`` is pushed the same way. ``push.json`` keeps, per branch, the last
+landed sha and whether it was published; a failed push is retried at every fire (status and metrics
+show it) until it goes through, the branch moves past it (the newer landing is pushed instead), or the
+operator removes it from the branch (then it is never pushed: nothing they removed comes back).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from evolve import redact
+from evolve.git import land
+from evolve.git import refs as gitrefs
+from evolve.git.run import GitError, GitPolicy, run_git
+from evolve.store.atomic import read_json, write_json
+from evolve.timeutil import utc_iso
+
+
+@dataclass(frozen=True)
+class PushState:
+    branch: str
+    sha: str
+    remote: str
+    ok: bool
+    error: str = ""
+    attempts: int = 0
+    at: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        return {"branch": self.branch, "sha": self.sha, "remote": self.remote, "ok": self.ok,
+                "error": self.error, "attempts": self.attempts, "at": self.at}
+
+
+def read_states(path: Path) -> dict[str, PushState]:
+    raw = read_json(path)
+    out: dict[str, PushState] = {}
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("branches"), Mapping):
+        return out
+    for branch, rec in raw["branches"].items():
+        if not (isinstance(rec, Mapping) and isinstance(branch, str) and isinstance(rec.get("sha"), str)):
+            continue
+        attempts = rec.get("attempts") if isinstance(rec.get("attempts"), int) else 0
+        out[branch] = PushState(branch, str(rec["sha"]), str(rec.get("remote") or ""), rec.get("ok") is True,
+                                str(rec.get("error") or "")[:300], attempts, str(rec.get("at") or ""))
+    return out
+
+
+def failing(path: Path) -> list[PushState]:
+    """Pushes that have not gone through (for ``status`` and the metrics: a file read, no git)."""
+    return [s for s in read_states(path).values() if not s.ok]
+
+
+class Publisher:
+    def __init__(self, repo: Path, state: Path, remote: str, enabled: bool, policy: GitPolicy, log: Any) -> None:
+        self.repo, self.state, self.remote, self.enabled = repo, state, remote, enabled
+        self.policy, self.log = policy, log
+
+    def landed(self, branch: str, sha: str) -> None:
+        """``sha`` is now on ``branch``: push it (when ``[git] push`` is on)."""
+        if self.enabled:
+            self._push(PushState(branch, sha, self.remote, False))
+
+    def retry(self) -> None:
+        """At a fire's start: push again what did not go through, if it is still on its branch."""
+        if not self.enabled:
+            return
+        for st in failing(self.state):
+            tip = gitrefs.rev(self.repo, st.branch)
+            if tip is None or not gitrefs.is_ancestor(self.repo, st.sha, tip):
+                self.log.warning("git.push_dropped", branch=st.branch, sha=st.sha,
+                                 why="no longer on the branch (the operator removed it): not pushed")
+                self._save(st.branch, None)
+                continue
+            self._push(st)
+
+    def _push(self, st: PushState) -> None:
+        branch = land.short_branch(st.branch)
+        try:
+            proc = run_git(self.repo, "push", "--porcelain", "--", self.remote, f"{st.sha}:refs/heads/{branch}",
+                           policy=self.policy)
+            error = "" if proc.returncode == 0 else " ".join(proc.stderr.split())[:300] or f"exit {proc.returncode}"
+        except (GitError, OSError) as exc:
+            error = str(exc)[:300]
+        done = PushState(st.branch, st.sha, self.remote, not error, error, st.attempts + 1, utc_iso())
+        self._save(st.branch, done)
+        if error:
+            self.log.error("git.push_failed", branch=branch, sha=st.sha, remote=self.remote, error=error,
+                           attempts=done.attempts, retry="at the next fire")
+        else:
+            self.log.info("git.push", branch=branch, sha=st.sha, remote=self.remote)
+
+    def _save(self, branch: str, st: PushState | None) -> None:
+        states = read_states(self.state)
+        if st is None:
+            states.pop(branch, None)
+        else:
+            states[branch] = st
+        # The sink: git's complaint may quote a remote URL with its credentials.
+        write_json(self.state, redact.current().json(
+            {"version": 1, "branches": {b: s.as_json() for b, s in sorted(states.items())}}))

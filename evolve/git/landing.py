@@ -1,0 +1,294 @@
+"""The shell of the landing (docs/DESIGN.md §8.3): read the snapshot :func:`evolve.git.land.plan` needs, and
+apply its steps with git.
+
+Every step is git's own, through :func:`evolve.git.run.run_git`: the branch moves only by
+compare-and-swap (``update-ref <branch> <new> <old>``) or by ``merge --ff-only`` in the checkout that
+has it; a replay is ``rebase --onto <tip> <base>`` in evolve's own worktree. What a fast-forward cut
+short by a death leaves in the operator's checkout is finished here too (:func:`finish`), path by path.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from evolve.git import land
+from evolve.git.change import changed, dirty_paths
+from evolve.git.refs import head, is_ancestor, rev
+from evolve.git.run import SAFE, GitError, GitPolicy, git, identity, run_git
+from evolve.git.worktree import Checkout, checkouts
+
+LS_TREE_ARGS_MAX = 200  # beyond this many paths, list the whole tree once instead of naming each
+
+
+def git_dir_of(checkout: Path) -> Path | None:
+    """The checkout's own git directory (``.git``, or a linked worktree's ``gitdir:``), read without git."""
+    dot = checkout / ".git"
+    try:
+        if dot.is_dir() and not dot.is_symlink():
+            return dot
+        text = dot.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return None
+    if not text.startswith("gitdir:"):
+        return None
+    target = Path(text[len("gitdir:"):].strip())
+    return target if target.is_absolute() else Path(os.path.normpath(checkout / target))
+
+
+def busy(checkout: Path) -> str:
+    """:func:`evolve.git.land.operator_busy` for a checkout, read from its git directory (no git process)."""
+    gd = git_dir_of(checkout)
+    if gd is None:
+        return "its git directory cannot be found"
+    try:
+        names = set(os.listdir(gd))
+    except OSError:
+        return "its git directory cannot be read"
+    try:
+        head_text: str | None = (gd / "HEAD").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        head_text = None
+    return land.operator_busy(names, head_text)
+
+
+def index_lock(checkout: Path) -> Path | None:
+    gd = git_dir_of(checkout)
+    return gd / "index.lock" if gd is not None else None
+
+
+def git_running_in(path: Path, proc: Path = Path("/proc")) -> list[float]:
+    """Start times (epoch s) of running ``git`` processes whose cwd is inside ``path`` (Linux; [] elsewhere)."""
+    try:
+        btime = next(float(ln.split()[1]) for ln in (proc / "stat").read_text().splitlines() if ln.startswith("btime"))
+        hz = os.sysconf("SC_CLK_TCK")
+        entries = list(proc.iterdir())
+    except (OSError, StopIteration, ValueError):
+        return []
+    top, out = path.resolve(), []
+    for d in entries:
+        if not d.name.isdigit():
+            continue
+        try:
+            if (d / "comm").read_text().strip() != "git":
+                continue
+            cwd = Path(os.readlink(d / "cwd"))
+            if cwd != top and top not in cwd.parents:
+                continue
+            ticks = float((d / "stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22: starttime
+        except (OSError, ValueError, IndexError):
+            continue  # gone, or not ours to read
+        out.append(btime + ticks / hz)
+    return out
+
+
+def holder_of(repo: Path, branch: str) -> Checkout | None:
+    """The checkout (worktree) that has ``branch`` checked out, if any."""
+    return next((c for c in checkouts(repo) if c.branch == branch), None)
+
+
+def landing_paths(repo: Path, tip: str, new: str) -> dict[str, bool]:
+    """Every path a move from ``tip`` to ``new`` writes or removes -> whether ``tip`` has it."""
+    paths = changed(repo, tip, new)
+    if not paths:
+        return {}
+    have = _tree_paths(repo, tip, paths)
+    return {p: p in have for p in paths}
+
+
+def _tree_paths(repo: Path, commit: str, paths: Iterable[str]) -> set[str]:
+    return set(_sizes(repo, commit, list(paths)))
+
+
+def _sizes(repo: Path, commit: str, paths: list[str]) -> dict[str, int]:
+    """Path -> blob size in ``commit`` for those of ``paths`` it has (``ls-tree -r -l``)."""
+    named = paths if len(paths) <= LS_TREE_ARGS_MAX else []
+    out = git(repo, "ls-tree", "-r", "-l", "-z", "--full-tree", commit, "--", *named)
+    want = set(paths)
+    sizes: dict[str, int] = {}
+    for rec in out.split("\0"):
+        meta, sep, path = rec.partition("\t")
+        if not sep or path not in want:
+            continue
+        parts = meta.split()
+        sizes[path] = int(parts[3]) if len(parts) >= 4 and parts[3].isdigit() else 0  # "-" for a submodule
+    return sizes
+
+
+def too_large(repo: Path, base: str, new: str, limit_mb: float) -> tuple[tuple[str, int], ...]:
+    """Files ``base..new`` adds or grows past ``limit_mb`` (0: no limit)."""
+    if not limit_mb:
+        return ()
+    paths = sorted(changed(repo, base, new))
+    if not paths:
+        return ()
+    after, before = _sizes(repo, new, paths), _sizes(repo, base, paths)
+    limit = limit_mb * 1e6
+    return tuple((p, n) for p, n in sorted(after.items()) if n > limit and n > before.get(p, -1))
+
+
+def in_the_way(checkout: Path, paths: dict[str, bool]) -> tuple[str, ...]:
+    """The landing paths a fast-forward would overwrite in ``checkout`` (see :func:`evolve.git.land.in_the_way`)."""
+    if not paths:
+        return ()
+    dirty = dirty_paths(checkout)
+    present: set[str] = set()
+    blocked: set[str] = set()
+    for p in paths:
+        if os.path.lexists(checkout / p):
+            present.add(p)
+        parts = p.split("/")
+        for i in range(1, len(parts)):
+            prefix = checkout.joinpath(*parts[:i])
+            if os.path.islink(prefix) or (os.path.lexists(prefix) and not os.path.isdir(prefix)):
+                blocked.add(p)
+                break
+    return land.in_the_way(paths, dirty, present, blocked)
+
+
+@dataclass(frozen=True)
+class Want:
+    """What to ask the plan about: a chain of evolve's commits ``base..new`` for ``branch``."""
+
+    branch: str
+    base: str
+    new: str
+
+
+def snapshot(repo: Path, want: Want, *, limit_mb: float = 0.0, stopping: bool = False) -> land.Snapshot:
+    """Everything :func:`evolve.git.land.plan` reads, taken now (cheap parts first: a stop needs none)."""
+    base = land.Snapshot(branch=want.branch, tip=None, base=want.base, new=want.new, limit_mb=limit_mb,
+                         stopping=stopping)
+    if stopping or want.new == want.base:
+        return base
+    tip = rev(repo, want.branch)
+    big = too_large(repo, want.base, want.new, limit_mb)
+    if tip is None or big:
+        return replace(base, tip=tip, too_large=big)
+    if tip != want.base:
+        return replace(base, tip=tip, base_on_branch=is_ancestor(repo, want.base, tip))
+    holder = holder_of(repo, want.branch)
+    if holder is None:
+        return replace(base, tip=tip)
+    why = busy(holder.path)
+    lock = index_lock(holder.path)
+    locked = bool(lock and os.path.lexists(lock))
+    way = () if why or locked else in_the_way(holder.path, landing_paths(repo, tip, want.new))
+    return replace(base, tip=tip, holder=str(holder.path), holder_busy=why, holder_locked=locked, in_the_way=way)
+
+
+def replay(tree: Path, onto: str, base: str, new: str, policy: GitPolicy = SAFE) -> str | None:
+    """``base..new`` replayed onto ``onto`` in evolve's worktree (detached); the new tip, or None on conflict.
+
+    Only the chain's own commits move: what ``base`` already had (the operator's history, as it was
+    when the chain started) is never carried along, so a commit the operator dropped stays dropped.
+    """
+    ident = identity(tree)
+    git(tree, "checkout", "-q", "--detach", new, policy=policy)
+    proc = run_git(tree, "rebase", "-q", "--onto", onto, base, policy=policy, extra_env=ident)
+    if proc.returncode != 0:
+        run_git(tree, "rebase", "--abort", policy=policy, extra_env=ident)
+        return None
+    return head(tree)
+
+
+def fast_forward(checkout: Path, new: str, policy: GitPolicy = SAFE) -> tuple[bool, str]:
+    """Git's own fast-forward in the operator's checkout; (False, git's complaint) when it refuses."""
+    ident = identity(checkout)
+    proc = run_git(checkout, "merge", "-q", "--ff-only", "--no-edit", new, policy=policy, extra_env=ident)
+    return proc.returncode == 0, " ".join(proc.stderr.split())[:300]
+
+
+def commits_of(repo: Path, base: str, new: str) -> list[tuple[str, str]]:
+    """(sha, subject) of ``base..new``, oldest first."""
+    out = git(repo, "log", "--reverse", "--format=%H %s", f"{base}..{new}")
+    return [(line[:40], line[41:]) for line in out.splitlines() if len(line) >= 40]
+
+
+# -- a fast-forward cut short -------------------------------------------------------------------------
+
+
+class Version:
+    OLD = "old"
+    NEW = "new"
+    OTHER = "other"
+
+
+def versions(checkout: Path, old: str, new: str, paths: list[str]) -> dict[str, str]:
+    """For each path: does the checkout's file hold ``old``'s version, ``new``'s, or something else?"""
+    if not paths:
+        return {}
+    in_old = _blobs(checkout, old, paths)
+    in_new = _blobs(checkout, new, paths)
+    present = [p for p in paths if os.path.lexists(checkout / p) and not os.path.isdir(checkout / p)]
+    now: dict[str, str] = {}
+    if present:
+        out = git(checkout, "hash-object", "--", *present).split()
+        now = dict(zip(present, out, strict=False))
+    found: dict[str, str] = {}
+    for p in paths:
+        cur = now.get(p)
+        if cur == in_new.get(p):
+            found[p] = Version.NEW
+        elif cur == in_old.get(p):
+            found[p] = Version.OLD
+        else:
+            found[p] = Version.OTHER
+    return found
+
+
+def _blobs(repo: Path, commit: str, paths: list[str]) -> dict[str, str]:
+    named = paths if len(paths) <= LS_TREE_ARGS_MAX else []
+    out = git(repo, "ls-tree", "-r", "-z", "--full-tree", commit, "--", *named)
+    want = set(paths)
+    blobs: dict[str, str] = {}
+    for rec in out.split("\0"):
+        meta, sep, path = rec.partition("\t")
+        if sep and path in want:
+            blobs[path] = meta.split()[2]
+    return blobs
+
+
+def finish(checkout: Path, branch: str, old: str, new: str, policy: GitPolicy = SAFE) -> str:
+    """Finish a fast-forward from ``old`` to ``new`` that a death cut short; "" when done, else why not.
+
+    git's ``merge --ff-only`` writes the files, then the index, then moves the branch. Killed in
+    between, the operator's checkout holds some of our files (and maybe git's ``index.lock``) while
+    the branch is still at ``old``: our change would look like their own edits. Every path the landing
+    writes was clean when it started (the plan checked), so a path holding neither ``old``'s nor
+    ``new``'s version was edited by the operator since: then nothing is touched. Otherwise each path
+    is brought to ``new`` (file and index entry), the lock our git left is removed, and the branch is
+    moved by compare-and-swap. Run only under the fire lock, with no git running in the checkout.
+    """
+    tip = rev(checkout, branch)
+    paths = sorted(changed(checkout, old, new))
+    if tip not in (old, new):
+        return f"{land.short_branch(branch)} moved since the landing was cut off; nothing touched"
+    found = versions(checkout, old, new, paths)
+    edited = sorted(p for p, v in found.items() if v == Version.OTHER)
+    if edited:
+        return f"you changed paths the landing was writing: {land.paths_text(edited)}; nothing touched"
+    if git_running_in(checkout):
+        return "a git command is running in your checkout; the landing is finished at a later fire"
+    lock = index_lock(checkout)
+    if lock is not None and os.path.lexists(lock):
+        lock.unlink()  # our killed git's: the landing's own pre-check refused to start over a lock
+    in_new = _tree_paths(checkout, new, paths)
+    with tempfile.TemporaryDirectory(prefix="evolve-finish-") as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        git(checkout, "read-tree", new, extra_env=env)
+        stale = [p for p in paths if p in in_new and found[p] != Version.NEW]
+        if stale:
+            git(checkout, "checkout-index", "-f", "-q", "--", *stale, extra_env=env, policy=policy)
+    for p in paths:
+        if p not in in_new and os.path.lexists(checkout / p) and not os.path.isdir(checkout / p):
+            (checkout / p).unlink()
+    if paths:
+        git(checkout, "reset", "-q", new, "--", *paths, policy=policy)  # the index entries, nothing else
+    if tip == old and run_git(checkout, "update-ref", "-m", "evolve: land (finished)", branch, new,
+                              old).returncode != 0:
+        raise GitError(f"cannot move {branch} to {new[:12]}")
+    return ""
