@@ -63,7 +63,7 @@ def test_stop_written_mid_cycle_lets_it_finish_and_starts_no_new_cycle(env: Env,
         r: CliResult = cli("stop", "--reason", "release freeze")
         assert r.code == 0
         assert f"a fire (pid {proc.pid}) is running cycle 1" in r.stdout
-        assert "finishes that cycle and starts no new cycle" in r.stdout
+        assert "finishes that cycle (gate and landing included) and starts no new cycle" in r.stdout
         assert proc.wait(timeout=300) == 0
     finally:
         if proc.poll() is None:

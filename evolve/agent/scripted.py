@@ -8,8 +8,12 @@ in ``<script>.calls.jsonl`` so tests can assert what it received.
 A step (all keys optional)::
 
     {"write": [{"path": "src/x.py", "content": "...", "append": false}],
-     "commit": false, "sleep": 0, "hang": false, "spawn_sleeper": 0, "wait_for": "path",
-     "stdout": "text", "exit": 0, "report": {...}, "raw_report": "not json"}
+     "commit": false, "run": [["git", "checkout", "feature"]], "sleep": 0, "hang": false,
+     "spawn_sleeper": 0, "wait_for": "path", "stdout": "text", "exit": 0, "report": {...},
+     "raw_report": "not json"}
+
+``run``: argv lists started in the agent's cwd after the writes and the commit, whatever they exit
+with (an agent that runs git itself: checks out a branch, resets, commits with ``add -f``).
 
 ``wait_for`` polls until that path (relative to the repo) exists, for at most 600 s: a test can then
 act while the agent is certainly running, however loaded the machine.
@@ -93,6 +97,8 @@ def play(step: dict[str, Any]) -> int:
         paths = [w["path"] for w in step.get("write", []) or []]
         subprocess.run(["git", "add", "--", *paths], check=True)
         subprocess.run(["git", "commit", "-q", "-m", f"agent: cycle {os.environ.get('EVOLVE_CYCLE', '')}"], check=True)
+    for argv in step.get("run", []) or []:
+        subprocess.run([str(a) for a in argv], check=False)
     if step.get("stdout"):
         print(step["stdout"], flush=True)
     if n := step.get("spawn_sleeper"):

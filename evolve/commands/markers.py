@@ -100,10 +100,11 @@ def running_fire_note(paths: Paths, command: str) -> str:
     phase = f" ({cur.phase})" if cur.phase and cur.cycle is not None else ""
     head = f"a fire (pid {cur.pid}) is running {where}{phase}"
     if command == "kill":
-        return (f"{head}; it interrupts its agent within seconds (the cycle is recorded `interrupted`, its "
-                "claim released) and starts no new cycle")
-    return f"{head}; it finishes that cycle and starts no new cycle" if cur.cycle is not None else (
-        f"{head}; it starts no new cycle")
+        return (f"{head}; it interrupts its agent or gate within seconds and lands nothing of that cycle (recorded "
+                "`interrupted`, its claim released, its edits kept under refs/evolve/interrupted/), and starts "
+                "no new cycle")
+    return (f"{head}; it finishes that cycle (gate and landing included) and starts no new cycle"
+            if cur.cycle is not None else f"{head}; it starts no new cycle")
 
 
 def run_resume(args: argparse.Namespace) -> int:

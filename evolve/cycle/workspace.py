@@ -18,7 +18,6 @@ with the old rules: the cycle's own paths are restored on red, the operator's di
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -26,10 +25,11 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from evolve import crashpoint
 from evolve.cycle import pending as pend
 from evolve.cycle.pending import Chain, Held, Intent
 from evolve.git import change as gitchange
-from evolve.git import land, landing, worktree
+from evolve.git import gitdir, land, landing, worktree
 from evolve.git import refs as gitrefs
 from evolve.git.land import Step
 from evolve.git.run import GitError, GitPolicy, git, run_git
@@ -386,6 +386,7 @@ class Isolated:
                 return self._hold(kind, chain, plan.reason)
             holder = Path(snap.holder) if snap.holder else None
             self._intent(kind, chain, str(plan.step), old=snap.tip or "", checkout=str(holder or ""))
+            crashpoint.reached("land.before_move")
             if plan.step is Step.CAS:
                 if not gitrefs.update_ref(self.repo, chain.branch, chain.new, snap.tip):
                     continue  # the branch moved under us: plan again
@@ -415,6 +416,7 @@ class Isolated:
         return Chain(chain.branch, tip, replayed, held, chain.reason, chain.since)
 
     def _landed(self, kind: str, chain: Chain, how: str) -> Landing:
+        crashpoint.reached("land.moved")  # on the branch, not yet in the ledger: the intent settles it
         self.log.info("land.landed", sha=chain.new, branch=chain.branch, how=how)
         earlier = chain.held[:-1] if kind == "cycle" else chain.held
         self._intent(kind, chain, "landed")
@@ -509,40 +511,7 @@ def open_workspace(repo: Path, paths: Paths, cfg_git: Any, policy: GitPolicy, lo
 
 def busy(repo: Path) -> str:
     """Why the operator's checkout is in the middle of something (no git process), or "" (§8.3)."""
-    why = landing.busy(repo)
-    if why:
-        return why
-    head_ref = _head_ref(repo)
-    if head_ref and _ref_missing(repo, head_ref):
-        return f"its branch {land.short_branch(head_ref)} has no commit yet"
-    return ""
-
-
-def _head_ref(repo: Path) -> str:
-    gd = landing.git_dir_of(repo)
-    try:
-        text = (gd / "HEAD").read_text(encoding="utf-8", errors="replace").strip() if gd else ""
-    except OSError:
-        return ""
-    return text[4:].strip() if text.startswith("ref:") else ""
-
-
-def _ref_missing(repo: Path, ref: str) -> bool:
-    """Whether ``ref`` exists neither as a loose ref nor in ``packed-refs`` (read without git)."""
-    gd = landing.git_dir_of(repo)
-    if gd is None:
-        return False
-    common = gd
-    with contextlib.suppress(OSError):
-        text = (gd / "commondir").read_text(encoding="utf-8").strip()
-        common = Path(os.path.normpath(gd / text)) if not os.path.isabs(text) else Path(text)
-    if (common / ref).is_file():
-        return False
-    try:
-        packed = (common / "packed-refs").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return True
-    return not any(line.endswith(" " + ref) for line in packed.splitlines())
+    return gitdir.busy(repo)
 
 
 def describe(ws: Workspace) -> dict[str, Any]:

@@ -17,47 +17,12 @@ from pathlib import Path
 
 from evolve.git import land
 from evolve.git.change import changed, dirty_paths
+from evolve.git.gitdir import busy, index_lock
 from evolve.git.refs import head, is_ancestor, rev
 from evolve.git.run import SAFE, GitError, GitPolicy, git, identity, run_git
 from evolve.git.worktree import Checkout, checkouts
 
 LS_TREE_ARGS_MAX = 200  # beyond this many paths, list the whole tree once instead of naming each
-
-
-def git_dir_of(checkout: Path) -> Path | None:
-    """The checkout's own git directory (``.git``, or a linked worktree's ``gitdir:``), read without git."""
-    dot = checkout / ".git"
-    try:
-        if dot.is_dir() and not dot.is_symlink():
-            return dot
-        text = dot.read_text(encoding="utf-8", errors="replace").strip()
-    except OSError:
-        return None
-    if not text.startswith("gitdir:"):
-        return None
-    target = Path(text[len("gitdir:"):].strip())
-    return target if target.is_absolute() else Path(os.path.normpath(checkout / target))
-
-
-def busy(checkout: Path) -> str:
-    """:func:`evolve.git.land.operator_busy` for a checkout, read from its git directory (no git process)."""
-    gd = git_dir_of(checkout)
-    if gd is None:
-        return "its git directory cannot be found"
-    try:
-        names = set(os.listdir(gd))
-    except OSError:
-        return "its git directory cannot be read"
-    try:
-        head_text: str | None = (gd / "HEAD").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        head_text = None
-    return land.operator_busy(names, head_text)
-
-
-def index_lock(checkout: Path) -> Path | None:
-    gd = git_dir_of(checkout)
-    return gd / "index.lock" if gd is not None else None
 
 
 def git_running_in(path: Path, proc: Path = Path("/proc")) -> list[float]:

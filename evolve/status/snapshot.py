@@ -32,7 +32,7 @@ from evolve.cycle import halt as step1
 from evolve.harness import autocompact
 from evolve.paths import Paths
 from evolve.results import COMMIT_FAILED, FAILURES, is_idle_poll
-from evolve.status import setaside
+from evolve.status import landing, setaside
 from evolve.status.schedule import NextFire, next_fire
 from evolve.store.atomic import read_json
 from evolve.store.ledger import Ledger
@@ -175,6 +175,7 @@ class StatusSnapshot:
     config_error: str | None
     generated_at: str
     set_aside: dict[str, list[str]] = field(default_factory=dict)  # refs/evolve/<kind>/... (§8.3)
+    landing: dict[str, Any] = field(default_factory=dict)  # waiting work, failing pushes, a busy checkout
     last_red: dict[str, Any] | None = None  # the newest red cycle in the tail: its command and output tail
     parked_items: tuple[str, ...] = ()  # refs parked by the attempt budget (`evolve requeue REF`)
     metronome_blocked: dict[str, Any] | None = None  # a stall: every fire blocked until RESCOPE is written
@@ -544,6 +545,8 @@ def read_snapshot(
     set_aside = setaside.evolve_refs(paths.repo)
     aside_degraded, aside_warnings = setaside.lines(paths.repo, set_aside)
     degraded += aside_degraded
+    land_degraded, land_warnings, landing_info = landing.lines(paths)
+    degraded += land_degraded
     stall = _stall(tail.entries, "RESCOPE" in markers)
     if stall is not None:
         degraded.append(f"metronome blocked since cycle {stall['cycle']} ({stall['reason']}): every fire stops"
@@ -582,10 +585,11 @@ def read_snapshot(
         autocompact=autocompact_info(paths.repo, env),
         recent=tail.entries[-recent:] if recent > 0 else [],
         malformed_lines_seen=tail.malformed,
-        warnings=tuple(_warnings(markers, tail.malformed, last, st.parked_items) + aside_warnings),
+        warnings=tuple(_warnings(markers, tail.malformed, last, st.parked_items) + aside_warnings + land_warnings),
         config_error=config_error,
         generated_at=utc_iso(now),
         set_aside=set_aside,
+        landing=landing_info,
         last_red=_last_red(tail.entries),
         metronome_blocked=stall,
         parked_items=tuple(st.parked_items),
