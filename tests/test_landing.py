@@ -703,3 +703,58 @@ def test_a_committed_claude_link_is_never_written_through(env: Env, cli) -> None
     assert r.code == 0, r.stderr
     assert list(outside.iterdir()) == []  # nothing written where the link points
     assert "workspace.link_not_followed" in r.names()
+
+
+# -- a tracked .agents/ -----------------------------------------------------------------------------------
+
+
+def tracked_agents_repo(env: Env) -> None:
+    """An agentops-style repository: the queue and the learnings are committed, evolve's state ignored."""
+    (env.repo / ".agents" / ".gitignore").unlink()
+    (env.repo / ".gitignore").write_text(".agents/evolve/\n")
+    (env.repo / ".agents" / "learnings").mkdir(parents=True)
+    (env.repo / ".agents" / "learnings" / "l1.md").write_text("first learning\n")
+    env.queue(entry("work"))
+    git(env.repo, "add", ".gitignore", ".agents")
+    git(env.repo, "commit", "-q", "-m", "agentops: queue and learnings are tracked")
+
+
+def test_a_tracked_agents_dir_gets_the_agent_s_follow_ups_and_learnings(env: Env, cli) -> None:
+    tracked_agents_repo(env)
+    follow_up = orjson.dumps({"source_epic": "agent", "timestamp": "2026-12-01T00:00:00Z", "consumed": True,
+                              "items": [{"title": "a follow-up the agent found", "claim_status": "consumed",
+                                         "consumed": True, "type": "bug"}]}).decode()
+    env.steps([{"write": [{"path": "code.txt", "content": "code\n"},
+                          {"path": ".agents/rpi/next-work.jsonl", "content": follow_up + "\n", "append": True},
+                          {"path": ".agents/learnings/new.md", "content": "what the agent learned\n"},
+                          {"path": ".agents/learnings/l1.md", "content": "first learning, refined\n"}],
+                "report": {"result": "improved"}}])
+    r = cli("fire", "--cycles", "1")
+    assert r.code == 0, r.stderr
+    assert env.ledger()[-1]["result"] == "improved" and (env.repo / "code.txt").read_text() == "code\n"
+    learn = env.repo / ".agents" / "learnings"
+    assert (learn / "new.md").read_text() == "what the agent learned\n"
+    assert (learn / "l1.md").read_text() == "first learning, refined\n"
+    items = [i for e in live(env.paths.nextwork) for i in e["items"]]
+    found = [i for i in items if i["title"] == "a follow-up the agent found"]
+    assert len(found) == 1 and found[0].get("consumed") is not True  # queued as work, never as done
+    assert found[0].get("claim_status") in (None, "available")
+    # evolve committed none of it: .agents/ stays the operator's to commit.
+    assert ".agents" not in git(env.repo, "show", "--name-only", "--format=", "HEAD")
+
+
+def test_a_learning_the_operator_changed_meanwhile_is_not_overwritten(env: Env) -> None:
+    tracked_agents_repo(env)
+    learn = env.repo / ".agents" / "learnings"
+
+    def operator_edit() -> None:
+        (learn / "l1.md").write_text("the operator's own edit\n")
+
+    code, err = run_with_operator(env, operator_edit, steps=[
+        {"write": [{"path": "agent.txt", "content": "agent\n"},
+                   {"path": ".agents/learnings/l1.md", "content": "the agent's version\n"}],
+         "wait_for": str(env.root / "go"), "report": {"result": "improved"}}])
+    assert code == 0, err
+    assert (learn / "l1.md").read_text() == "the operator's own edit\n"
+    cycle = env.ledger()[-1]["cycle"]
+    assert (learn / f"l1.md.evolve-{cycle}").read_text() == "the agent's version\n"

@@ -30,7 +30,7 @@ from evolve.agent.report import AgentReport, redacted
 from evolve.agent.runners import RESUMING_CLIS, Runner, make_runner
 from evolve.childenv import seal_own_environ
 from evolve.config import Config
-from evolve.cycle import budget, dryrun, halt, recovery, retention, scout, side, transition, watch, workspace
+from evolve.cycle import budget, door, dryrun, halt, recovery, retention, scout, side, transition, watch, workspace
 from evolve.cycle import step1 as step1_shell
 from evolve.cycle.context import FireContext, Observer
 from evolve.cycle.entry import agent_fields, base_entry, last_attempt_note
@@ -492,6 +492,8 @@ class Fire:
             report = self._run_agent(cycle, inv, run_stop, on_start, on_heartbeat, start)
             assert st.fire is not None
             st.fire = replace(st.fire, agent_pgid=None)
+            if self.ws.isolated:  # a tracked .agents/: what the agent wrote there reaches the operator's
+                door.carry(self.ctx, self.ws.tree, start.sha, cycle)
             if report.error_class == "interrupted":
                 _, kept = self.gate.interrupted(cycle, self.ws, start, "agent run")
                 # The report's own error says why (a KILL, a signal, "agent not started"); add where the work is.

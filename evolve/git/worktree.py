@@ -134,15 +134,20 @@ def share(repo: Path, tree: Path, log: Any = None) -> None:
     Never through a link the repository committed: a ``.claude`` that is a symlink in the worktree
     (checked out from the repository) would put evolve's link wherever it points, outside both trees.
     """
+    # A repository that tracks .agents/ gives the worktree its own copy (evolve/cycle/door.py carries the
+    # agent's writes across); only evolve's state directory inside it is linked, and only that is excluded
+    # (excluding /.agents would hide the operator's new files there from their own `git status`).
+    tracked = os.path.isdir(tree / ".agents") and not os.path.islink(tree / ".agents")
+    names = [n for n in SHARED if not (tracked and n == ".agents")] + ([".agents/evolve"] if tracked else [])
     exclude = common_dir(repo) / "info" / "exclude"
     lines = exclude.read_text(encoding="utf-8", errors="replace").splitlines() if exclude.exists() else []
-    want = [f"/{name}" for name in SHARED if f"/{name}" not in lines]
+    want = [f"/{name}" for name in names if f"/{name}" not in lines]
     if want:
         exclude.parent.mkdir(parents=True, exist_ok=True)
         with open(exclude, "a", encoding="utf-8") as fh:
             fh.write(("\n" if lines and lines[-1] else "") + "# evolve: links in its agent worktree\n")
             fh.write("".join(f"{w}\n" for w in want))
-    for name in SHARED:
+    for name in names:
         source, link = repo / name, tree / name
         if name == ".agents" and not os.path.lexists(source):
             source.mkdir()
