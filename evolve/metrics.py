@@ -306,6 +306,13 @@ def render(paths: Paths, cfg: Any, env: Mapping[str, str], *, beads: bool = True
             "1 while the metronome blocks every fire (the same work repeated) until .agents/evolve/RESCOPE is written.",
             int(snap.metronome_blocked is not None))
     x.gauge("evolve_ledger_malformed_lines", "Malformed ledger lines skipped by the metrics reader.", counts.malformed)
+    landing = snap.landing or {}
+    x.gauge("evolve_pending_cycles", "Cycles whose green commits wait to land (refs/evolve/pending/<branch>).",
+            sum(len(w.get("cycles") or []) for w in landing.get("waiting") or []))
+    x.gauge("evolve_push_failing", "Branches whose last landing [git] push has not published yet (retried each fire).",
+            len(landing.get("push_failing") or []))
+    x.gauge("evolve_operator_busy", "1 while the operator's checkout is detached or mid-rebase/merge/bisect.",
+            int(bool(landing.get("operator_busy"))))
     ready = ready_items(paths, cfg, env, beads=beads)
     x.family("evolve_items_ready", "gauge", "Selectable work items by source (a source that failed is absent).",
              [("evolve_items_ready", {"source": s}, n) for s, n in sorted(ready.items())])

@@ -21,6 +21,7 @@ from evolve.store.ledger import entry_title
 
 COLORS = {
     "improved": "#2e9e44",
+    "pending": "#8fbf4a",
     "harvested": "#1f77b4",
     "unchanged": "#a0a0a0",
     "scout": "#ff9f1c",
@@ -485,6 +486,12 @@ def _header(d: ReportData) -> list[str]:
                           if counts.get(r))
     reasons = "".join(f"<li>{t(r)}</li>" for r in st.reasons)
     waiting = [*d.pending]
+    for w in (st.landing or {}).get("waiting") or []:  # green work that has not landed yet (issue 22)
+        cycles = ", ".join(str(c) for c in w.get("cycles") or [])
+        waiting.append(f"green work of cycle(s) {cycles} waits at {w.get('ref')} to land on {w.get('branch')}: "
+                       f"{w.get('reason') or 'the next fire tries again'}")
+    if (st.landing or {}).get("operator_busy"):
+        waiting.append(f"your checkout is busy ({st.landing['operator_busy']}): no cycle runs until it ends")
     if d.stranded:
         waiting.append(f"{len(d.stranded)} stranded work item(s): see Stranded, parked and deferred")
     return [
