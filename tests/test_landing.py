@@ -758,3 +758,14 @@ def test_a_learning_the_operator_changed_meanwhile_is_not_overwritten(env: Env) 
     assert (learn / "l1.md").read_text() == "the operator's own edit\n"
     cycle = env.ledger()[-1]["cycle"]
     assert (learn / f"l1.md.evolve-{cycle}").read_text() == "the agent's version\n"
+
+
+def test_a_worktree_an_older_evolve_made_at_the_default_path_is_adopted(env: Env, cli) -> None:
+    tree = env.paths.evolve_dir / "worktree"
+    tree.parent.mkdir(parents=True, exist_ok=True)
+    git(env.repo, "worktree", "add", "-q", "--detach", str(tree))  # as evolve did before it marked its own
+    env.queue(entry("x"))
+    env.steps([improved_step(path="x.txt", content="x\n")])
+    r = cli("fire", "--cycles", "1")
+    assert r.code == 0, r.stderr
+    assert env.ledger()[-1]["result"] == "improved" and (env.repo / "x.txt").exists()

@@ -157,7 +157,7 @@ class Isolated:
 
     def __init__(
         self, repo: Path, tree: Path, branch: str, policy: GitPolicy, log: Any, paths: Paths,
-        regate: Regate | None = None, limit_mb: float = 0.0,
+        regate: Regate | None = None, limit_mb: float = 0.0, adopt: bool = False,
     ) -> None:
         self.repo, self.tree, self.branch = repo, tree, branch
         self.policy = policy
@@ -165,6 +165,7 @@ class Isolated:
         self.paths = paths
         self.regate = regate  # the gate commands, run in the worktree after a replay: a red reason or None
         self.limit_mb = limit_mb
+        self.adopt = adopt  # evolve's default path: a worktree there without the mark is an older evolve's
         self.pending_ref = gitrefs.PENDING_REF + land.short_branch(branch)
         self.settled: list[Settled] = []  # waiting cycles settled by a landing: the fire records them
 
@@ -206,10 +207,8 @@ class Isolated:
         tip = gitrefs.rev(self.repo, self.branch)
         if tip is None:
             raise GitError(f"branch {self.branch} is gone")
-        chain = self.chain()
-        if chain is not None and gitrefs.rev(self.repo, self.pending_ref) == chain.new:
-            return chain.new
-        return tip
+        chain = self.chain()  # its mirror ref is checked once per fire, in prepare
+        return chain.new if chain is not None else tip
 
     def prepare(self, cycle: int) -> list[Settled]:
         """At a fire's start: make the worktree, set aside what a dead cycle left in it, land what waits,
@@ -217,7 +216,7 @@ class Isolated:
         base = gitrefs.rev(self.repo, self.branch)
         if base is None:
             raise GitError(f"branch {self.branch} has no commit")
-        if worktree.ensure(self.repo, self.tree, base, self.policy):
+        if worktree.ensure(self.repo, self.tree, base, self.policy, adopt=self.adopt):
             self.log.info("workspace.made", path=str(self.tree), base=base)
         self._clear_stale_lock()
         worktree.share(self.repo, self.tree, self.log)
@@ -477,8 +476,10 @@ def _settled(chain: Chain) -> list[Settled]:
 
 
 def _count(repo: Path, head: str, exclude: list[str]) -> int:
-    """Commits reachable from ``head`` and from none of ``exclude``."""
-    proc = run_git(repo, "rev-list", "--count", head, "--not", *exclude, "--")
+    """Commits reachable from ``head`` and from none of ``exclude`` (given on stdin: a repository may have
+    more refs than an argv holds)."""
+    listing = "".join(f"^{sha}\n" for sha in exclude).encode()
+    proc = run_git(repo, "rev-list", "--count", "--stdin", head, input=listing)
     return int(proc.stdout.strip() or 0) if proc.returncode == 0 else 0
 
 
@@ -506,7 +507,7 @@ def open_workspace(repo: Path, paths: Paths, cfg_git: Any, policy: GitPolicy, lo
     if branch is None:
         raise GitError("HEAD is detached or its branch has no commit: nothing to land on")
     return Isolated(repo, tree_path(repo, paths.evolve_dir, cfg_git), branch, policy, log, paths, regate,
-                    float(getattr(cfg_git, "max_file_mb", 0.0) or 0.0))
+                    float(getattr(cfg_git, "max_file_mb", 0.0) or 0.0), adopt=not cfg_git.worktree_dir)
 
 
 def busy(repo: Path) -> str:

@@ -90,6 +90,7 @@ def run_git(
     policy: GitPolicy = SAFE,
     extra_env: Mapping[str, str] | None = None,
     timeout: float | None = None,
+    input: bytes | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Every git command evolve runs goes through here (docs/DESIGN.md §8, "What evolve's git runs").
 
@@ -109,18 +110,22 @@ def run_git(
         env.update(extra_env)
     pinned = _program_pins(repo, env, limit) if args and pins.needed(args[0]) else []
     argv = ["git", "--no-pager", *_config_args(policy), *pinned, *args]
-    return _run(argv, repo, env, limit)
+    return _run(argv, repo, env, limit, input)
 
 
-def _run(argv: list[str], repo: Path, env: Mapping[str, str], limit: float) -> subprocess.CompletedProcess[str]:
-    """One git process in its own group, killed whole (hooks, their children) after ``limit`` seconds."""
+def _run(argv: list[str], repo: Path, env: Mapping[str, str], limit: float,
+         input: bytes | None = None) -> subprocess.CompletedProcess[str]:
+    """One git process in its own group, killed whole (hooks, their children) after ``limit`` seconds.
+
+    ``input``: bytes for git's stdin (``--stdin`` lists that would not fit an argv); none: /dev/null.
+    """
     import subprocess
 
     from evolve.procgroup import kill_group, progressed, spawn
 
-    proc = spawn(argv, cwd=repo, env=env)
+    proc = spawn(argv, cwd=repo, env=env, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL)
     try:
-        out, err = proc.communicate(timeout=limit or None)
+        out, err = proc.communicate(input=input, timeout=limit or None)
     except subprocess.TimeoutExpired:
         kill_group(proc.pid, grace_s=1.0, reap=proc.poll)
         with contextlib.suppress(subprocess.TimeoutExpired):
