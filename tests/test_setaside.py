@@ -304,10 +304,15 @@ def test_apply_brings_the_change_in_as_uncommitted_edits_and_refuses_over_the_op
     info = orjson.loads(r.stdout)
     assert r.code == 1 and info["reasons"] and "evolve setaside apply unlanded/1" in info["reasons"][0]
     assert not calls.exists(), calls.read_text()  # status read the refs and the ledger, and started no git
-    # The operator has a file of their own where the change adds one: untracked, then staged. Refused.
-    for staged in (False, True):
+    # The operator has a file of their own where the change adds one: untracked, ignored, staged. Refused.
+    exclude = env.repo / ".git" / "info" / "exclude"
+    for how in ("untracked", "ignored", "staged"):
         (env.repo / "agent.txt").write_text("the operator's own agent.txt\n")
-        if staged:
+        if how == "ignored":
+            exclude.write_text(exclude.read_text() + "agent.txt\n")
+            assert git(env.repo, "status", "--porcelain").strip() == ""  # invisible to status
+        if how == "staged":
+            exclude.write_text(exclude.read_text().replace("agent.txt\n", ""))
             git(env.repo, "add", "agent.txt")
         before = checkout_state(env.repo)
         r = cli("setaside", "apply", "unlanded/1")

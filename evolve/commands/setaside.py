@@ -297,7 +297,11 @@ def _apply_locked(paths: Any, ref: str, three_way: bool) -> int:
     base = setaside.base_of(repo, sha, a.start_sha) if a.kind != "pending" else None
     touched, added = setaside.changed(repo, base, sha) if a.kind != "pending" and not in_progress else (set(), set())
     dirty = gitchange.dirty_paths(repo) if touched else set()
-    present = {p for p in added if os.path.lexists(repo / p)}
+    # A path it touches that is in the checkout but not tracked there is the operator's (ignored files too,
+    # which `status` does not list). Literal pathspecs: a file named `*` is that file, not a glob.
+    tracked = set(git(repo, "ls-files", "-z", "--", *sorted(touched), extra_env={"GIT_LITERAL_PATHSPECS": "1"})
+                  .split("\0")) if touched else set()
+    present = {p for p in touched if p not in tracked and os.path.lexists(repo / p)}
     why = setaside.apply_refusal(a.kind, in_progress=in_progress, touched=touched, dirty=dirty, present=present)
     if why:
         return _refuse(f"refusing to apply {ref}: {why}")
@@ -307,20 +311,21 @@ def _apply_locked(paths: Any, ref: str, three_way: bool) -> int:
     with tempfile.TemporaryDirectory(prefix="evolve-apply-") as tmp:
         pfile = Path(tmp) / "change.patch"
         pfile.write_bytes(patch.encode("utf-8", "surrogateescape"))
-        check = run_git(repo, "apply", "--check", str(pfile))
+        # The change as it is: the repository's own apply.whitespace=error must not refuse or rewrite it.
+        check = run_git(repo, "apply", "--whitespace=nowarn", "--check", str(pfile))
         conflicts: list[str] = []
         if check.returncode != 0:
             if not three_way:
                 first = (check.stderr.strip().splitlines() or ["git apply refused"])[0][:200]
                 return _refuse(f"refusing to apply {ref}: it does not apply cleanly onto your HEAD ({first}); "
                                f"`evolve setaside apply {a.short} --3way` merges it, leaving conflict markers")
-            done = run_git(repo, "apply", "--3way", str(pfile))
+            done = run_git(repo, "apply", "--whitespace=nowarn", "--3way", str(pfile))
             conflicts = sorted(p for p in git(repo, "diff", "--name-only", "-z", "--diff-filter=U").split("\0") if p)
             if done.returncode != 0 and not conflicts:
                 first = (done.stderr.strip().splitlines() or ["git apply refused"])[0][:200]
                 return _refuse(f"refusing to apply {ref}: git apply --3way could not merge it ({first})")
         else:
-            done = run_git(repo, "apply", str(pfile))
+            done = run_git(repo, "apply", "--whitespace=nowarn", str(pfile))
             if done.returncode != 0:
                 first = (done.stderr.strip().splitlines() or ["git apply refused"])[0][:200]
                 return _refuse(f"refusing to apply {ref}: {first}")

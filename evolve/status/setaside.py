@@ -29,14 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from evolve.results import SUCCESS
+
 PREFIX = "refs/evolve/"
 KINDS = ("stranded", "interrupted", "unlanded", "uncommitted", "pending", "applied")
 RETRIED = ("stranded", "interrupted", "uncommitted")  # their item was released: a later cycle does it again
 # What retention may drop (cycle/retention.py spells the same list: the cycle layer cannot import this one).
 PRUNABLE = ("stranded", "interrupted", "unlanded", "uncommitted", "applied")
 SCAN_CAP = 20_000  # ledger entries read back to find the cycles the refs name (never the whole ledger)
-# A result after which the item is finalized (transition.claim_action): its set-aside work is superseded.
-FINALIZING = ("improved", "harvested", "unchanged")
 WHAT = {
     "stranded": "a dead cycle's work",
     "interrupted": "an interrupted cycle's edits",
@@ -197,7 +197,8 @@ def _item_of(e: Mapping[str, Any]) -> str | None:
 
 
 def _finalizes(e: Mapping[str, Any]) -> bool:
-    return e.get("result") in FINALIZING and not e.get("context_heavy")
+    """The item was finalized by this entry (``transition.claim_action``): success, and not heavy."""
+    return e.get("result") in SUCCESS and not e.get("context_heavy")
 
 
 def assess(refs: Mapping[str, Sequence[str]], entries: Sequence[Mapping[str, Any]]) -> list[Aside]:
@@ -328,7 +329,7 @@ def apply_refusal(kind: str, *, in_progress: Sequence[str], touched: set[str], d
     """Why ``apply`` must not touch the checkout (None: it may). Nothing of the operator's is ever in its way.
 
     ``touched``: the paths the change changes; ``dirty``: the checkout's modified, staged and untracked paths;
-    ``present``: the paths the change creates that exist in the checkout anyway (ignored files included).
+    ``present``: the paths it touches that exist in the checkout untracked there (ignored files included).
     """
     if kind == "pending":
         return "pending commits land by themselves (the next fire lands them once your paths allow); not applied"
