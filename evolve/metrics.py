@@ -25,6 +25,7 @@ import orjson
 from evolve import redact
 from evolve.paths import Paths, operator_root
 from evolve.results import UNSUCCESSFUL, is_idle_poll
+from evolve.status.setaside import KINDS as SETASIDE_KINDS
 from evolve.status.snapshot import load_config, read_snapshot
 from evolve.store.atomic import atomic_write_bytes, write_json
 from evolve.timeutil import parse_iso
@@ -305,6 +306,12 @@ def render(paths: Paths, cfg: Any, env: Mapping[str, str], *, beads: bool = True
     x.gauge("evolve_metronome_blocked",
             "1 while the metronome blocks every fire (the same work repeated) until .agents/evolve/RESCOPE is written.",
             int(snap.metronome_blocked is not None))
+    x.family("evolve_setaside_refs", "gauge",
+             "Refs evolve set aside under refs/evolve/, by kind (`evolve setaside` lists them).",
+             [("evolve_setaside_refs", {"kind": k}, len(snap.set_aside.get(k, []))) for k in SETASIDE_KINDS])
+    x.gauge("evolve_setaside_needs_operator",
+            "Set-aside refs only the operator can resolve (green work that did not land): status is degraded.",
+            sum(1 for a in snap.set_aside_refs if a.needs_operator))
     x.gauge("evolve_ledger_malformed_lines", "Malformed ledger lines skipped by the metrics reader.", counts.malformed)
     landing = snap.landing or {}
     x.gauge("evolve_pending_cycles", "Cycles whose green commits wait to land (refs/evolve/pending/<branch>).",

@@ -184,8 +184,8 @@ def test_a_killed_fire_s_work_is_set_aside_and_the_next_fire_starts_clean(env: E
     e = env.ledger()[-1]
     assert files_of(env, e["sha"]) == {"beta.txt"} and git(env.repo, "rev-list", "--count", f"{start}..HEAD") == "1\n"
     assert git(env.repo, "status", "--porcelain").split() == ["??", "mine.txt"]
-    s = cli("status")
-    assert s.code == 1 and "refs/evolve/stranded/1" in s.stdout, s.stdout
+    s = cli("status")  # a warning, not DEGRADED: the item was released and is retried (issue 22 item 11)
+    assert s.code == 0 and "refs/evolve/stranded/1" in s.stdout, s.stdout
 
 
 def test_what_the_agent_writes_under_agents_reaches_the_repository_s_own(env: Env, cli) -> None:

@@ -39,6 +39,9 @@ COMMANDS: dict[str, CommandInfo] = {
         "evolve.commands.operator", "breaker reset: close the failure breaker once the cause is fixed"
     ),
     "requeue": CommandInfo("evolve.commands.operator", "put an item parked by its attempt budget back into selection"),
+    "setaside": CommandInfo(
+        "evolve.commands.setaside", "work set aside under refs/evolve/: list, show, apply (as uncommitted edits), drop"
+    ),
     "init": CommandInfo(
         "evolve.commands.init", "write .agents/.gitignore and a commented config.toml, and say what next"
     ),

@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from evolve import redact
 from evolve.cycle.context import FireContext
 from evolve.cycle.scout import queue_new_work
 from evolve.git.run import GitError, git, run_git
@@ -80,6 +81,7 @@ def _carry(ctx: FireContext, tree: Path, start: str, cycle: int, out: Carried) -
         if data is None:
             out.refused.append(f"{rel}: larger than {MAX_FILE_BYTES} bytes")
             continue
+        data = redact.current().bytes(data)  # the sink: a note the agent wrote may quote a secret it saw
         dest = repo / rel
         base = _at(tree, start, rel)
         theirs = _read_plain(dest) if dest.is_file() and not dest.is_symlink() else None

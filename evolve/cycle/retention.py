@@ -1,4 +1,5 @@
-"""What evolve keeps of its own files: bounded run logs, ``runs/``, the fire journal, ``cron.log``, baselines.
+"""What evolve keeps of its own files: bounded run logs, ``runs/``, the fire journal, ``cron.log``, baselines,
+and the work it set aside under ``refs/evolve/`` (``[git] setaside_keep_days``, :func:`prune_setaside`).
 
 A fire's steps are bounded in time by :func:`bounded` (every child within ``fire.max_minutes``, see
 :func:`evolve.procgroup.fire_budget`), and what they leave on disk by :func:`apply`, run at the end
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from evolve.config import RetentionConfig
+from evolve.git.run import run_git
 from evolve.paths import Paths
 from evolve.procgroup import fire_budget
 from evolve.store.atomic import atomic_write_bytes
@@ -27,6 +29,9 @@ from evolve.store.dirfd import NOFOLLOW, open_dir, opened_dir
 MB = 1 << 20
 DAY_S = 86400.0
 TRIM_TO = 0.75  # a journal over its cap keeps this share of it: not rewritten again at every fire
+# The set-aside refs a fire drops once older than [git] setaside_keep_days (status.setaside.PRUNABLE, which
+# this layer cannot import). Never pending/: green commits still to land are work, not leftovers.
+SETASIDE_PRUNED = ("stranded", "interrupted", "unlanded", "uncommitted", "applied")
 
 
 @contextlib.contextmanager
@@ -44,6 +49,10 @@ def bounded(ctx: Any, remaining: Callable[[], float]) -> Iterator[None]:
                 ctx.log.info("retention.applied", **removed)
         except Exception as exc:  # housekeeping must never turn a fire's outcome into a crash
             ctx.log.warning("retention.error", error=str(exc)[:300])
+        try:
+            prune_setaside(ctx.paths.repo, ctx.cfg.git.setaside_keep_days, now=time.time(), log=ctx.log)
+        except Exception as exc:
+            ctx.log.warning("retention.error", error=str(exc)[:300], what="set-aside refs")
 
 
 def apply(paths: Paths, rc: RetentionConfig, *, now: float) -> dict[str, int]:
@@ -59,6 +68,43 @@ def apply(paths: Paths, rc: RetentionConfig, *, now: float) -> dict[str, int]:
                                            atomic=False)),
     }
     return {k: v for k, v in out.items() if v}
+
+
+def expired(refs: list[tuple[str, str, float | None]], *, now: float, keep_s: float) -> list[tuple[str, str]]:
+    """(ref, sha) of the set-aside refs to drop (pure): a pruned kind, its commit older than ``keep_s``.
+
+    ``refs``: (ref, sha, committer time) as ``for-each-ref`` lists them; 0 keeps everything, and a ref whose
+    date is unknown is kept.
+    """
+    if keep_s <= 0:
+        return []
+    kinds = tuple(f"refs/evolve/{k}/" for k in SETASIDE_PRUNED)
+    return [(ref, sha) for ref, sha, at in refs if ref.startswith(kinds) and at is not None and now - at > keep_s]
+
+
+def prune_setaside(repo: Path, keep_days: float, *, now: float, log: Any) -> int:
+    """Drop the set-aside refs older than ``keep_days`` (by the commit's committer date), each logged.
+
+    Compare-and-swap on the sha read: a ref that moved since (re-used by a new cycle) is left alone.
+    """
+    if keep_days <= 0:
+        return 0
+    proc = run_git(repo, "for-each-ref", "--format=%(refname) %(objectname) %(committerdate:unix)", "refs/evolve/")
+    if proc.returncode != 0:
+        return 0
+    listed = []
+    for line in proc.stdout.splitlines():
+        parts = line.split(" ")
+        if len(parts) == 3:
+            listed.append((parts[0], parts[1], float(parts[2]) if parts[2].isdigit() else None))
+    dates = {ref: at for ref, _, at in listed}
+    dropped = 0
+    for ref, sha in expired(listed, now=now, keep_s=keep_days * DAY_S):
+        if run_git(repo, "update-ref", "-d", ref, sha).returncode == 0:
+            dropped += 1
+            log.info("setaside.dropped", ref=ref, sha=sha, by="retention",
+                     age_days=round((now - (dates[ref] or now)) / DAY_S, 1), keep_days=keep_days)
+    return dropped
 
 
 def _files(dfd: int) -> list[tuple[str, os.stat_result]]:

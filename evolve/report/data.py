@@ -63,6 +63,7 @@ class ReportData:
     idle_polls: int = 0  # passes that found no work: counted, not drawn or listed as cycles
     run_logs: dict[int, Path] = field(default_factory=dict)  # cycle -> its agent run log, when still kept
     stranded: list[dict[str, Any]] = field(default_factory=list)  # claims and cycles no running fire owns
+    set_aside: list[dict[str, Any]] = field(default_factory=list)  # refs/evolve/<kind>/...: one row each
     pending: list[str] = field(default_factory=list)  # hand-offs waiting for the next fire
 
     @property
@@ -230,9 +231,8 @@ def _stranded(paths: Paths, snap: StatusSnapshot) -> list[dict[str, Any]]:
     Nothing is stranded while a fire holds the lock (it owns them all); the next fire recovers the
     cycle and finalizes or releases its claim, and a queue claim of another tool is taken over once stale.
     """
-    aside = _set_aside(snap)
     if snap.running:
-        return aside
+        return []
     out: list[dict[str, Any]] = []
     if snap.active_cycle:
         a = snap.active_cycle
@@ -256,24 +256,44 @@ def _stranded(paths: Paths, snap: StatusSnapshot) -> list[dict[str, Any]]:
                                         "no fire running", "since": str(it.get("claimed_at") or "")[:40]})
     except (OSError, ImportError):
         pass
-    return aside + _by_ref(out)
+    return _by_ref(out)
 
 
-_ASIDE = {  # refs/evolve/<kind>/...: what it holds, and what to do with it (docs/DESIGN.md §8.3)
-    "stranded": ("a dead cycle's work, set aside", "`git show {ref}`; `git update-ref -d {ref}` once taken"),
-    "unlanded": ("green commits the moved branch would not take", "`git cherry-pick ..{ref}` or drop the ref"),
-    "uncommitted": ("a change git would not commit", "`git diff HEAD {ref}`; the item is retried"),
-    "pending": ("green commits waiting to land", "commit or stash your changes in their paths"),
-}
+def set_aside_rows(snap: StatusSnapshot, commits: Mapping[str, Any], now: float) -> list[dict[str, Any]]:
+    """One row per ref evolve keeps under refs/evolve/ (pure): what it holds, its age, superseded, and the
+    command that deals with it. ``commits``: :func:`evolve.status.setaside.commits` (the ages)."""
+    from evolve.status.setaside import WHAT
 
-
-def _set_aside(snap: StatusSnapshot) -> list[dict[str, Any]]:
-    """Work evolve keeps under refs/evolve/ (a git ref each), listed whether or not a fire runs."""
     rows = []
-    for kind, refs in snap.set_aside.items():
-        title, what = _ASIDE.get(kind, (kind, ""))
-        rows += [{"ref": ref, "title": title, "what": what.format(ref=ref), "since": ""} for ref in refs]
+    for a in snap.set_aside_refs:
+        c = commits.get(a.ref)
+        at = getattr(c, "committed_at", None)
+        if a.kind == "pending":
+            todo = "lands at the next fire once your checkout's changes are out of its paths"
+        elif a.kind == "applied":
+            todo = f"`evolve setaside drop {a.short}` once you kept what you want"
+        elif a.superseded_by is not None:
+            todo = f"`evolve setaside drop {a.short}` (no longer needed)"
+        elif a.needs_operator:
+            todo = (f"`evolve setaside apply {a.short}` to review it in your checkout, "
+                    f"or `evolve setaside drop {a.short}`")
+        else:
+            todo = f"the item is retried; `evolve setaside show {a.short}`, then apply or drop"
+        rows.append({"kind": a.kind, "ref": a.ref, "what": WHAT.get(a.kind, a.kind),
+                     "cycle": a.origin_cycle if a.origin_cycle is not None else a.cycle, "item": a.work_ref or "",
+                     "age_s": None if at is None else max(0.0, now - at),
+                     "superseded": "" if a.superseded_by is None else f"by cycle {a.superseded_by}",
+                     "needs_operator": a.needs_operator, "todo": todo})
     return rows
+
+
+def _set_aside(paths: Paths, snap: StatusSnapshot, now: float) -> list[dict[str, Any]]:
+    """The set-aside table, whether or not a fire runs; the ages take one ``git for-each-ref``."""
+    if not snap.set_aside_refs:
+        return []
+    from evolve.status.setaside import commits
+
+    return set_aside_rows(snap, commits(paths.repo), now)
 
 
 def _by_ref(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -333,5 +353,6 @@ def build(paths: Paths, *, since: float, now: float | None = None, env: Mapping[
         idle_polls=idle,
         run_logs=_run_logs(paths, cycles),
         stranded=_stranded(paths, snap),
+        set_aside=_set_aside(paths, snap, now),
         pending=_pending(paths, snap),
     )

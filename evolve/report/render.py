@@ -18,6 +18,7 @@ from typing import Any
 from evolve import redact
 from evolve.report.data import Cycle, FireSpan, ReportData
 from evolve.store.ledger import entry_title
+from evolve.timeutil import human_s
 
 COLORS = {
     "improved": "#2e9e44",
@@ -481,6 +482,8 @@ def _header(d: ReportData) -> list[str]:
         cards.append((f"{last_goal.entry['goals_passing']}/{last_goal.entry.get('goals_total')}", "goals passing"))
     if d.stranded:
         cards.append((len(d.stranded), "stranded"))
+    if d.set_aside:
+        cards.append((len(d.set_aside), "set aside"))
     card_html = "".join(f'<div class="card"><b>{t(v)}</b><span>{t(k)}</span></div>' for v, k in cards)
     by_result = ", ".join(f"{counts[r]} {r}" for r in [*RESULT_ORDER, *sorted(set(counts) - set(RESULT_ORDER))]
                           if counts.get(r))
@@ -494,6 +497,9 @@ def _header(d: ReportData) -> list[str]:
         waiting.append(f"your checkout is busy ({st.landing['operator_busy']}): no cycle runs until it ends")
     if d.stranded:
         waiting.append(f"{len(d.stranded)} stranded work item(s): see Stranded, parked and deferred")
+    need = sum(1 for r in d.set_aside if r.get("needs_operator"))
+    if need:
+        waiting.append(f"{need} set-aside ref(s) of green work that did not land need you: see Set aside")
     return [
         f'<header id="summary"><h1>evolve — the night in one page</h1><p class="meta">{t(d.repo)} · {t(window)}'
         f' · generated {t(_utc(d.now))} UTC</p>',
@@ -511,6 +517,9 @@ def _work_sections(d: ReportData, links_from: Path | None) -> list[str]:
                   t(str(c.entry.get("sha") or c.entry.get("commit_sha") or "")[:12]),
                   t(str(c.entry.get("summary") or "")[:240])] for c in d.done]
     stranded_rows = [[t(s.get("ref")), t(s.get("title")), t(s.get("what")), t(s.get("since"))] for s in d.stranded]
+    aside_rows = [[t(r["kind"]), t(r["ref"]), t(r["what"]), t(r["cycle"] if r["cycle"] is not None else ""),
+                   t(r["item"]), t(human_s(r["age_s"])), t(r["superseded"]),
+                   t(r["todo"])] for r in d.set_aside]
     parked_rows = [[t(p.get("ref")), t(p.get("title", "")), t(p.get("why")), t(p.get("source", "")),
                     t(p.get("cycle", ""))] for p in d.parked]
     blocked_rows = [[t(b.get("cycle")), t(b.get("timestamp")), t(b.get("reason")), t(b.get("needed_context", ""))]
@@ -527,6 +536,9 @@ def _work_sections(d: ReportData, links_from: Path | None) -> list[str]:
         '<section id="parked"><h2>Stranded, parked and deferred</h2>',
         ('<h3 id="stranded">Stranded: no running fire owns these</h3>'
          + _table(["ref", "title", "what", "since"], stranded_rows)) if stranded_rows else "",
+        ('<h3 id="set-aside">Set aside under refs/evolve/ (`evolve setaside` lists, shows, applies, drops)</h3>'
+         + _table(["kind", "ref", "what", "cycle", "item", "age", "superseded", "what to do"], aside_rows))
+        if aside_rows else "",
         _table(["ref", "title", "why", "source", "cycle"], parked_rows),
         "</section>",
         '<section id="state"><h2>Now</h2>',

@@ -11,8 +11,10 @@ Health, and the exit code of ``evolve status``:
 - **degraded** (1): the failure breaker is open (`evolve breaker reset` closes it), the last cycle
   failed or crashed (a failed commit adds "commit failed: <why>; <remedy>"), a fire died without
   being reconciled yet, the config is invalid or the runner preflight fails (the next fire would
-  exit 78), the metronome blocks every fire until RESCOPE is written, or work is set aside under
-  ``refs/evolve/{stranded,unlanded}/`` (docs/DESIGN.md §8.3);
+  exit 78), the metronome blocks every fire until RESCOPE is written, or green work that did not land
+  waits under ``refs/evolve/unlanded/`` and no later cycle finalized its item (docs/DESIGN.md §8.3:
+  ``evolve setaside apply|drop``; stranded, interrupted and uncommitted refs are warnings, their items
+  are retried);
 - **dormant** (0): DORMANT is present and nothing above holds: caught up, nothing to do; the next
   fire clears it by itself as soon as any work appears (no operator needed, so not a halt);
 - **healthy** (0): anything else.
@@ -179,6 +181,7 @@ class StatusSnapshot:
     last_red: dict[str, Any] | None = None  # the newest red cycle in the tail: its command and output tail
     parked_items: tuple[str, ...] = ()  # refs parked by the attempt budget (`evolve requeue REF`)
     metronome_blocked: dict[str, Any] | None = None  # a stall: every fire blocked until RESCOPE is written
+    set_aside_refs: tuple[setaside.Aside, ...] = ()  # each set-aside ref: its item, superseded, needs you
 
     def as_json(self) -> dict[str, Any]:
         """What ``evolve status --json`` prints (its keys and their order are a published schema)."""
@@ -193,6 +196,7 @@ class StatusSnapshot:
             next_fire=None if self.next_fire is None else self.next_fire.as_json(),
             warnings=list(self.warnings),
             parked_items=list(self.parked_items),
+            set_aside_refs=[a.as_json() for a in self.set_aside_refs],
         )
         return out
 
@@ -444,7 +448,8 @@ def _commit_failed(last: dict[str, Any]) -> str:
     """The reason and the way out: the work is not lost, git needs a hand (issue 15)."""
     why = " ".join(str(last.get("error") or "unknown").split())[:200]
     ref = last.get("uncommitted_ref")
-    kept = (f"the change is saved at {ref} (`git checkout {ref} -- <paths>` to take it back)" if ref
+    short = str(ref).removeprefix(setaside.PREFIX)
+    kept = (f"the change is saved at {ref} (`evolve setaside apply {short}` takes it back)" if ref
             else "the change is left uncommitted in the work tree")
     return f"commit failed: {why}; run `evolve doctor`, fix git, then the next fire retries the item; {kept}"
 
@@ -543,7 +548,9 @@ def read_snapshot(
     last = tail.entries[-1] if tail.entries else None
     degraded = _degraded(breaker, last, fire, running, config_error)
     set_aside = setaside.evolve_refs(paths.repo)
-    aside_degraded, aside_warnings = setaside.lines(paths.repo, set_aside)
+    aside = setaside.assess(set_aside, setaside.entries_for(ledger, set_aside)) if set_aside else []
+    waiting = {ref: setaside.waiting_commits(paths.repo, ref) for ref in set_aside.get("pending", [])}
+    aside_degraded, aside_warnings = setaside.health(aside, waiting, cfg.git.setaside_keep_days)
     degraded += aside_degraded
     land_degraded, land_warnings, landing_info = landing.lines(paths)
     degraded += land_degraded
@@ -590,6 +597,7 @@ def read_snapshot(
         generated_at=utc_iso(now),
         set_aside=set_aside,
         landing=landing_info,
+        set_aside_refs=tuple(aside),
         last_red=_last_red(tail.entries),
         metronome_blocked=stall,
         parked_items=tuple(st.parked_items),
