@@ -20,6 +20,7 @@ from evolve.childenv import BASE, FIRE, child_env
 from evolve.config import Config
 from evolve.cycle.workspace import Land, Start, Workspace
 from evolve.git import change as gitchange
+from evolve.git import filters as gitfilters
 from evolve.git import run as gitrun
 from evolve.paths import Paths
 from evolve.procgroup import Limits, run_group
@@ -228,9 +229,16 @@ class Gate:
         """
         tree = start.tree
         to_commit = [p for p in (gitchange.dirty_paths(tree) - start.dirty_before) if not gitchange.is_internal(p)]
+        message = gitchange.commit_message(cycle, clean_text(item.title, 4000), result)
+        mine = to_commit if self.cfg.git.commit else []
+        refused = gitfilters.refusal(tree, [*mine, *gitchange.changed_since(tree, start.sha)])
+        if refused:  # plaintext never lands in a filtered file (§8.1): kept under a ref, not committed
+            self.log.error("git.commit_refused", cycle=cycle, error=refused)
+            verdict = committed(CycleResult(result), refused)
+            kept = self._keep(tree, cycle, sorted(mine), message) if mine else {}
+            return verdict.result, {**verdict.fields, **kept}
         if not (self.cfg.git.commit and to_commit):
             return None
-        message = gitchange.commit_message(cycle, clean_text(item.title, 4000), result)
         try:
             sha = gitchange.commit_paths(tree, to_commit, message, self.git_policy)
         except gitrun.GitError as exc:

@@ -1,0 +1,248 @@
+"""Filters and evolve's commits and worktree (docs/DESIGN.md §8.1, §8.3).
+
+- **Plaintext never lands in a filtered file.** Before evolve commits (or lands the agent's own
+  commits), every path the repository declares filtered — its committed ``.gitattributes``, or the
+  operator's global/system attributes, name a ``filter`` — must go through that filter's clean
+  program under evolve's git. When the filter is pinned (the repository's own config sets it and
+  the operator has not approved it, :mod:`evolve.git.trust`), has no clean program at all, or the
+  agent-writable local attributes (``info/attributes``, a local ``core.attributesFile``) override the
+  declaration, :func:`refusal` says why and the gate refuses the commit (kept under a ref, never on
+  a branch). A filter only local attributes name is local: without its program git stores the bytes
+  as they are, as it always did (a filter planted with its attribute in ``.git`` never runs).
+- **The worktree a fire cannot make**: :func:`workspace_advice` turns git's error into the cause and
+  the fix ``evolve status`` shows; :func:`note_workspace` records it (and the keys left unapproved)
+  in ``workspace-health.json``, which ``status`` reads without starting git.
+- **git-crypt in a linked worktree**: git-crypt looks for its keys in the worktree's own git
+  directory, not the shared one (AGWA/git-crypt#105), so ``git worktree add`` fails in an unlocked
+  repository. :func:`seed_worktree` makes evolve's worktree without a checkout, links the keys in,
+  then checks it out through the (approved) filters.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from evolve.git import pins, trust
+from evolve.git.run import SAFE, GitError, GitPolicy, git, run_git
+
+# The attribute values that name no filter (``check-attr`` prints these for unset/unspecified).
+_NO_FILTER = frozenset({"unspecified", "unset", "set", ""})
+_CHUNK = 500  # paths per check-attr argv
+_ATTR_FILE_MAX = 1 << 20  # a .gitattributes larger than this is not copied (git itself reads at most 100 MB)
+_FILTER_KEYS = r"^(filter\..+\.(clean|smudge|process)|core\.attributesfile)$"
+APPROVE = "evolve doctor --trust-git-config"
+
+
+# -- pure ------------------------------------------------------------------------------------
+
+
+def parse_check_attr(out: str) -> dict[str, str]:
+    """``path -> filter name`` from ``git check-attr -z filter`` (``path NUL attr NUL value NUL``...)."""
+    fields = out.split("\0")
+    found: dict[str, str] = {}
+    for i in range(0, len(fields) - 2, 3):
+        path, _attr, value = fields[i], fields[i + 1], fields[i + 2]
+        if path and value not in _NO_FILTER:
+            found[path] = value
+    return found
+
+
+def runs_clean(name: str, effective: Mapping[str, str]) -> bool:
+    """Whether filter ``name`` has a clean side under evolve's git (``process`` or ``clean`` non-empty)."""
+    return bool(effective.get(f"filter.{name}.process") or effective.get(f"filter.{name}.clean"))
+
+
+def blocked(declared: Mapping[str, str], actual: Mapping[str, str], effective: Mapping[str, str]) -> dict[str, str]:
+    """Paths whose declared filter would not clean them (pure): ``path -> filter`` for each path the
+    repository declares filtered where git would apply another filter (or none), or one with no clean
+    program under evolve's git."""
+    return {p: name for p, name in sorted(declared.items())
+            if actual.get(p) != name or not runs_clean(name, effective)}
+
+
+def refusal_text(stopped: Mapping[str, str], actual: Mapping[str, str], local: Iterable[str]) -> str:
+    """One line: which paths evolve refuses to commit and the way out (pure). ``local``: the keys the
+    repository's own config sets."""
+    local = set(local)
+    by_filter: dict[str, list[str]] = {}
+    for path, name in stopped.items():
+        by_filter.setdefault(name, []).append(path)
+    name, paths = sorted(by_filter.items())[0]
+    shown = ", ".join(paths[:3]) + (f" (+{len(paths) - 3} more)" if len(paths) > 3 else "")
+    head = f"refused to commit {shown}: .gitattributes filters it through `{name}`"
+    if any(actual.get(p) != name for p in paths):
+        return f"{head}, but local attributes (.git/info/attributes, core.attributesFile) override that; remove them"
+    if any(k.startswith(f"filter.{name}.") for k in local):
+        return (f"{head}, set in the repository's own git config and not approved, so evolve's git would commit"
+                f" it unfiltered; approve it with `{APPROVE}`")
+    return f"{head}, which has no clean program here (git-crypt unlock? git lfs install?); set it up or drop it"
+
+
+_FILTER_FAILED = re.compile(r"(?P<path>[^\n]*): (?P<kind>smudge|clean) filter (?P<name>\S+) failed")
+
+
+def failed_filter(error: str) -> str | None:
+    """The filter git's error says failed (``<path>: smudge filter <name> failed``), or None (pure)."""
+    m = _FILTER_FAILED.search(" ".join(error.split()))
+    return m["name"] if m else None
+
+
+def workspace_advice(error: str, unapproved: Iterable[str]) -> tuple[str, str]:
+    """``(cause, fix)`` for a fire that could not make its workspace (pure). ``unapproved``: the
+    repository's own keys evolve's git does not run until the operator approves them."""
+    error = " ".join(error.split())
+    m = _FILTER_FAILED.search(error)
+    if m is None:
+        return f"the workspace cannot be made: {error[:300]}", "run `evolve doctor`; the next fire tries again"
+    name, kind = m["name"], m["kind"]
+    path = m["path"].rsplit("fatal: ", 1)[-1].strip()
+    cause = f"the worktree cannot be checked out: {kind} filter {name} failed" + (f" on {path}" if path else "")
+    if any(k.startswith(f"filter.{name}.") for k in unapproved):
+        return cause, (f"approve the repository's filter with `{APPROVE}` (check"
+                       f" `git config --get-regexp '^filter\\.{name}\\.'` first)")
+    return cause, ("the filter fails in a linked worktree: try `git worktree add --detach /tmp/x HEAD` by hand"
+                   " and fix what it says; `evolve doctor` lists the filters evolve runs")
+
+
+# -- the shell -------------------------------------------------------------------------------
+
+
+def _check_attr(cwd: Path, paths: list[str], extra_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for i in range(0, len(paths), _CHUNK):
+        found.update(parse_check_attr(git(cwd, "check-attr", "-z", "filter", "--", *paths[i:i + _CHUNK],
+                                          extra_env=extra_env)))
+    return found
+
+
+def _local_attributes(tree: Path, listing: str) -> bool:
+    """Whether attributes the agent can write without a commit are in play: ``info/attributes`` or a
+    ``core.attributesFile`` in the repository's own config."""
+    if "core.attributesfile" in pins.local_values(listing):
+        return True
+    common = trust.common_dir(tree)
+    return common is None or (common / "info" / "attributes").exists()
+
+
+def _declared(tree: Path, paths: list[str]) -> dict[str, str]:
+    """The filters the repository's ``.gitattributes`` (as they will be committed) and the operator's
+    global/system attributes name, without the local ones: git's own matching, in a scratch
+    repository holding only copies of those files."""
+    listed = git(tree, "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--",
+                 ":(glob)**/.gitattributes")
+    with tempfile.TemporaryDirectory(prefix="evolve-attrs-") as tmp:
+        root = Path(tmp).resolve()
+        scratch = {"GIT_DIR": str(root / "git"), "GIT_WORK_TREE": str(root / "tree"),
+                   "GIT_COMMON_DIR": str(root / "git")}
+        (root / "tree").mkdir()
+        for rel in sorted({p for p in listed.split("\0") if p}):
+            parts = rel.split("/")
+            if any(part in ("", ".", "..", ".git") for part in parts):
+                continue
+            try:
+                st = os.lstat(tree / rel)
+                if not stat.S_ISREG(st.st_mode) or st.st_size > _ATTR_FILE_MAX:
+                    continue  # git ignores a linked .gitattributes too
+                data = (tree / rel).read_bytes()
+            except OSError:
+                continue
+            dest = root / "tree" / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(data)
+        git(root / "tree", "init", "-q", extra_env=scratch)
+        return _check_attr(root / "tree", paths, extra_env=scratch)
+
+
+def refusal(tree: Path, paths: Iterable[str]) -> str | None:
+    """Why evolve must not commit (or land) ``paths`` from ``tree``, or None: the module's first rule.
+
+    One ``check-attr`` and one ``config`` when no path is filtered, plus a scratch ``check-attr``
+    when local attributes are in play.
+    """
+    present = sorted({p for p in paths if os.path.lexists(tree / p)})
+    if not present:
+        return None
+    try:
+        return _refusal(tree, present)
+    except GitError as exc:  # unknown is not safe
+        return f"refused to commit: cannot tell which filters the paths need ({' '.join(str(exc).split())[:200]})"
+
+
+def _refusal(tree: Path, present: list[str]) -> str | None:
+    actual = _check_attr(tree, present)
+    listing = git(tree, "config", "--show-scope", "-z", "--get-regexp", _FILTER_KEYS, check=False)
+    declared = _declared(tree, present) if _local_attributes(tree, listing) else actual
+    if not declared:
+        return None
+    stopped = blocked(declared, actual, pins.effective(listing, trust.trusted_for(tree)))
+    return refusal_text(stopped, actual, pins.local_values(listing)) if stopped else None
+
+
+def seed_worktree(repo: Path, tree: Path, base: str, policy: GitPolicy = SAFE) -> bool:
+    """git-crypt's keys for evolve's worktree (see the module's doc): made without a checkout, the
+    keys linked in, then checked out through the filters. True when it made the worktree; nothing is
+    done without unlocked git-crypt keys, or when ``tree`` is something else (the workspace decides)."""
+    common = trust.common_dir(repo)
+    keys = common / "git-crypt" if common is not None else None
+    if keys is None or not keys.is_dir():
+        return False
+    if (tree / ".git").is_file():
+        _link_keys(tree, keys)
+        return False
+    if tree.exists() or tree.is_symlink():
+        return False
+    run_git(repo, "worktree", "prune")
+    tree.parent.mkdir(parents=True, exist_ok=True)
+    git(repo, "worktree", "add", "-q", "--no-checkout", "--detach", str(tree), base, policy=policy)
+    try:
+        _link_keys(tree, keys)
+        git(tree, "reset", "-q", "--hard", base, policy=policy)
+    except (GitError, OSError):
+        run_git(repo, "worktree", "remove", "--force", str(tree))  # no half-made worktree left behind
+        raise
+    return True
+
+
+def _link_keys(tree: Path, keys: Path) -> None:
+    text = (tree / ".git").read_text(encoding="utf-8", errors="replace").strip()
+    if not text.startswith("gitdir:"):
+        return
+    gitdir = Path(os.path.normpath(tree / text[len("gitdir:"):].strip()))
+    link = gitdir / "git-crypt"
+    if gitdir.is_dir() and not (link.exists() or link.is_symlink()):
+        link.symlink_to(keys, target_is_directory=True)
+
+
+# -- what status reads -----------------------------------------------------------------------
+
+
+def note_workspace(paths: Any, *, error: str | None, fire_id: str) -> dict[str, Any] | None:
+    """Record what ``evolve status`` says about the workspace (``paths.workspace_health``, written
+    atomically): why it could not be made, and the repository's keys evolve's git leaves pinned;
+    removed when there is nothing to say. Returns the record."""
+    from evolve.store.atomic import write_json
+    from evolve.timeutil import utc_iso
+
+    health = paths.workspace_health
+    try:
+        seen = trust.observe(paths.repo, paths.git_trust, trust.roots_of(paths.repo, paths.evolve_dir))
+        unapproved = {k: list(v) for k, v in seen.unapproved.items()}
+        refused = dict(seen.refused)
+    except (GitError, OSError):
+        unapproved, refused = {}, {}
+    rec: dict[str, Any] = {"checked_at": utc_iso(), "fire_id": fire_id, "unapproved": unapproved, "refused": refused}
+    if error is not None:
+        cause, fix = workspace_advice(error, unapproved)
+        rec["error"] = {"cause": cause, "fix": fix, "filter": failed_filter(error),
+                        "git_error": " ".join(error.split())[:500]}
+    if error is None and not unapproved and not refused:
+        health.unlink(missing_ok=True)
+        return None
+    write_json(health, rec)
+    return rec
