@@ -470,12 +470,12 @@ def check_git_config(paths: Any, snap: StatusSnapshot | None = None) -> list[Fin
     """The repository's own program-valued git keys (docs/DESIGN.md §8.1): the approved ones evolve's git
     runs, the others it pins (WARN, with the one command that approves them), and whether the last
     fire could make its workspace (FAIL with the cause and the fix when it could not)."""
-    from evolve.git import trust
+    from evolve.git import approve, trust
     from evolve.git.run import GitError
 
     out = []
     try:
-        seen = trust.observe(paths.repo, paths.git_trust, trust.roots_of(paths.repo, paths.evolve_dir))
+        seen = approve.observe(paths.repo, paths.git_trust, trust.roots_of(paths.repo, paths.evolve_dir))
     except (GitError, OSError) as exc:
         return [Finding("git config", WARN, f"cannot read the repository's git config: {exc}"[:300])]
     if seen.trusted:
@@ -505,12 +505,12 @@ def check_git_config(paths: Any, snap: StatusSnapshot | None = None) -> list[Fin
 def approve_git_config(paths: Any, cfg: Any | None = None) -> list[Finding]:
     """``evolve doctor --trust-git-config``: approve exactly what the repository's own config holds now
     (the record is replaced), each key and value shown."""
-    from evolve.git import trust
+    from evolve.git import approve, trust
     from evolve.git.run import GitError
 
     more = [Path(cfg.git.worktree_dir).expanduser()] if cfg is not None and cfg.git.worktree_dir else []
     try:
-        done = trust.approve(paths.repo, paths.git_trust, trust.roots_of(paths.repo, paths.evolve_dir, *more),
+        done = approve.approve(paths.repo, paths.git_trust, trust.roots_of(paths.repo, paths.evolve_dir, *more),
                              by="evolve doctor --trust-git-config")
     except (GitError, OSError) as exc:
         return [Finding("git trust", FAIL, f"cannot approve the repository's git config: {exc}"[:300],

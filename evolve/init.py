@@ -43,11 +43,11 @@ def _record_git_trust(paths: Paths) -> list[str]:
     """evolve's first look at the repository's own git config: its program-valued keys (git-crypt, a
     local ``git lfs install``) are recorded as the operator's (docs/DESIGN.md §8.1). Once only: a key
     that appears later waits for ``evolve doctor --trust-git-config``."""
-    from evolve.git import trust
+    from evolve.git import approve, trust
     from evolve.git.run import GitError
 
     try:
-        seen = trust.record_first(paths.repo, paths.git_trust, trust.roots_of(paths.repo, paths.evolve_dir),
+        seen = approve.record_first(paths.repo, paths.git_trust, trust.roots_of(paths.repo, paths.evolve_dir),
                                   by="evolve init")
     except (GitError, OSError) as exc:
         return [f"could not read the repository's git config ({exc}); `evolve doctor --trust-git-config` later"]

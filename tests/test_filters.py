@@ -238,9 +238,12 @@ def test_local_attributes_that_turn_a_declared_filter_off_are_refused(env: Env, 
     assert head(env.repo) == tip
 
 
-@pytest.mark.skipif(shutil.which("git-crypt") is None, reason="git-crypt is not installed (README's apt-get line)")
-def test_real_git_crypt(env: Env, cli) -> None:
-    git(env.repo, "config", "commit.gpgsign", "false")
+def git_crypt_repo(env: Env) -> None:
+    """git-crypt as its README sets it up; in CI its absence fails (.ci/run installs it), locally it skips."""
+    if shutil.which("git-crypt") is None:
+        if os.environ.get("CI"):
+            pytest.fail("git-crypt is missing: .ci/run installs it (apt-get install git-crypt)")
+        pytest.skip("git-crypt is not installed (README's apt-get line)")
     import subprocess
 
     subprocess.run(["git-crypt", "init"], cwd=env.repo, check=True, capture_output=True)
@@ -251,6 +254,27 @@ def test_real_git_crypt(env: Env, cli) -> None:
     git(env.repo, "add", ".gitattributes", "secret.txt")
     git(env.repo, "commit", "-q", "-m", "git-crypt")
     assert blob(env.repo, "HEAD", "secret.txt").startswith(b"\0GITCRYPT\0")
+
+
+def test_git_crypt_set_up_after_the_worktree_exists(env: Env, cli) -> None:
+    """The worktree was made before git-crypt: its git directory gets the keys' link at the next fire."""
+    env.queue(entry("before"))
+    assert cli("fire", "--cycles", "1").code == 0 and (env.tree / ".git").is_file()
+    git_crypt_repo(env)
+    out = cli("doctor", "--trust-git-config").stdout
+    assert "approved filter.git-crypt.clean" in out, out
+    agent_edits_secret(env)
+    r = cli("fire", "--cycles", "1")
+    assert r.code == 0, r.stderr
+    assert env.ledger()[-1]["result"] == "improved"
+    assert (env.tree / "secret.txt").read_bytes() == SECRET + b"token = s3cr3t\n"
+    assert blob(env.repo, "HEAD", "secret.txt").startswith(b"\0GITCRYPT\0")
+    assert (env.repo / "secret.txt").read_bytes() == SECRET + b"token = s3cr3t\n"
+    assert git(env.repo, "status", "--porcelain").strip() == ""
+
+
+def test_real_git_crypt(env: Env, cli) -> None:
+    git_crypt_repo(env)
     tip = head(env.repo)
     agent_edits_secret(env)
     # Not approved: every fire fails at the worktree, and status says why and what to run.
@@ -342,6 +366,9 @@ def test_why_refused(tmp_path: Path) -> None:
     assert "inside" in trust.why_refused([f"{link} clean"], roots, "/usr/bin")  # followed to where it is
     assert "inside" in trust.why_refused(["f clean"], roots, str(repo / "bin"))  # found on PATH in the repo
     assert "relative" in trust.why_refused(["./bin/f clean"], roots, "/usr/bin")
+    assert "relative" in trust.why_refused([f"{outside} tools/clean.py"], roots, "/usr/bin")
+    assert "inside" in trust.why_refused([f"{outside} {inside}"], roots, "/usr/bin")  # a script of the repo's
+    assert trust.why_refused([f"{outside} --url=https://example.com/x -- %f"], roots, "/usr/bin") is None
     assert "not found" in trust.why_refused(["no-such-program-xyz clean"], roots, "/usr/bin")
     assert "cannot tell" in trust.why_refused(['"unterminated'], roots, "/usr/bin")
 
@@ -415,7 +442,8 @@ def test_the_agent_s_own_commit_of_a_filtered_path_is_not_landed(env: Env, cli) 
     assert git(env.repo, "status", "--porcelain").strip() == ""
 
 
-@pytest.mark.skipif(shutil.which("git-lfs") is None, reason="git-lfs is not installed")
+@pytest.mark.skipif(shutil.which("git-lfs") is None, reason="git-lfs is not installed (Debian's package also"
+                    " installs it system-wide, so CI leaves it out)")
 def test_real_git_lfs_installed_locally(env: Env, cli) -> None:
     import subprocess
 

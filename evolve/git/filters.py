@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from evolve.git import pins, trust
+from evolve.git import approve, pins, trust
 from evolve.git.run import SAFE, GitError, GitPolicy, git, run_git
 
 # The attribute values that name no filter (``check-attr`` prints these for unset/unspecified).
@@ -231,7 +231,7 @@ def note_workspace(paths: Any, *, error: str | None, fire_id: str) -> dict[str, 
 
     health = paths.workspace_health
     try:
-        seen = trust.observe(paths.repo, paths.git_trust, trust.roots_of(paths.repo, paths.evolve_dir))
+        seen = approve.observe(paths.repo, paths.git_trust, trust.roots_of(paths.repo, paths.evolve_dir))
         unapproved = {k: list(v) for k, v in seen.unapproved.items()}
         refused = dict(seen.refused)
     except (GitError, OSError):

@@ -17,10 +17,12 @@ directory or evolve's state directory is never approved: the agent can rewrite i
 Today the record lives in the state directory, which the agent can write too (issue 23 moves
 trust records out of its reach); every read and write of it is here, so that move is one place.
 
-Whose record applies to a git process: a shell that knows its paths (the fire, ``doctor``)
-:func:`register`\\ s the record for the repository's git directory, and
-:func:`evolve.git.run.run_git` asks :func:`trusted_for` the directory it runs in (any of the
-repository's work trees); nothing registered, nothing trusted.
+Whose record applies to a git process: a shell that knows its paths (the fire, ``doctor``) hands
+:func:`register` the record for the repository's git directory, and
+:func:`evolve.git.run.run_git` asks :func:`trusted_for` about the directory it runs in (any of the
+repository's work trees); nothing registered, nothing trusted. This module starts no git (``run``
+asks it on every content command); reading and approving what the repository holds is
+:mod:`evolve.git.approve`.
 """
 
 from __future__ import annotations
@@ -65,32 +67,39 @@ def review(local: Mapping[str, Sequence[str]], recorded: Mapping[str, Sequence[s
     return out
 
 
-def program_of(value: str) -> str | None:
-    """The program a key's value runs: its first word as the shell reads it (pure); None if unreadable."""
+def words_of(value: str) -> list[str] | None:
+    """A key's value as the shell splits it (pure); None if unreadable."""
     try:
-        words = shlex.split(value)
+        return shlex.split(value)
     except ValueError:
         return None
-    return words[0] if words else None
 
 
 def why_refused(values: Sequence[str], roots: Iterable[Path], path_env: str | None) -> str | None:
     """Why these values can never be approved, or None: each must name a program found outside ``roots``
-    (the repository, its git directory, the state directory), which the agent cannot rewrite."""
+    (the repository, its git directory, the state directory), which the agent cannot rewrite, and no
+    file inside them as an argument (``python3 tools/clean.py``)."""
     resolved_roots = [Path(os.path.realpath(r)) for r in roots]
+
+    def inside(path: str) -> Path | None:
+        real = Path(os.path.realpath(path))
+        return next((r for r in resolved_roots if real == r or r in real.parents), None)
+
     for value in values:
-        prog = program_of(value)
-        if not prog:
+        words = words_of(value)
+        if not words:
             return f"cannot tell which program {value!r} runs"
-        if "/" in prog and not os.path.isabs(prog):
-            return f"{prog} is relative to the work tree, which the agent edits"
+        prog, args = words[0], words[1:]
+        for word in (prog, *args):
+            if "/" in word and not os.path.isabs(word) and "://" not in word:
+                return f"{word} is relative to the work tree, which the agent edits"
         found = prog if os.path.isabs(prog) else shutil.which(prog, path=path_env)
         if found is None or not os.path.isfile(found):
             return f"{prog} is not found (install it, then approve)"
-        real = Path(os.path.realpath(found))
-        for root in resolved_roots:
-            if real == root or root in real.parents:
-                return f"{real} is inside {root}, which the agent can write"
+        for word in (found, *(a for a in args if os.path.isabs(a))):
+            root = inside(word)
+            if root is not None:
+                return f"{os.path.realpath(word)} is inside {root}, which the agent can write"
     return None
 
 
@@ -165,54 +174,7 @@ def trusted_for(cwd: Path) -> dict[str, tuple[str, ...]]:
     return (load(record) or {}) if record is not None else {}
 
 
-# -- the shell: what the repository holds now ------------------------------------------------
-
-
-def _local(repo: Path) -> dict[str, list[str]]:
-    from evolve.git.run import git
-
-    listing = git(repo, "config", "--show-scope", "-z", "--get-regexp", pins.PATTERN, check=False)
-    return pins.local_values(listing)
-
-
-def _refusals(local: Mapping[str, Sequence[str]], roots: Iterable[Path]) -> dict[str, str]:
-    from evolve.git.run import git_env
-
-    roots = list(roots)
-    path_env = git_env().get("PATH")
-    out = {}
-    for key, values in local.items():
-        if pins.trustable(key):
-            why = why_refused(values, roots, path_env)
-            if why:
-                out[key] = why
-    return out
-
-
 def roots_of(repo: Path, evolve_dir: Path, *more: Path) -> list[Path]:
     """What the agent can write: the repository, its git directory, the state directory (and the worktree)."""
     found = common_dir(repo)
     return [repo, evolve_dir, *more, *([found] if found is not None else [])]
-
-
-def observe(repo: Path, record: Path, roots: Iterable[Path]) -> Review:
-    """The repository's own program-valued keys now, against the record (one git process)."""
-    local = _local(repo)
-    return review(local, load(record) or {}, _refusals(local, roots))
-
-
-def approve(repo: Path, record: Path, roots: Iterable[Path], by: str) -> Review:
-    """Approve every key the repository's own config holds now (those that may be): the record is
-    replaced by exactly the returned ``trusted``."""
-    local = _local(repo)
-    refused = _refusals(local, roots)
-    ok = {k: tuple(v) for k, v in local.items() if pins.trustable(k) and k not in refused}
-    write(record, ok, by)
-    return review(local, ok, refused)
-
-
-def record_first(repo: Path, record: Path, roots: Iterable[Path], by: str) -> Review | None:
-    """``approve`` when evolve has no record for this repository yet (its first look); None otherwise."""
-    if record.exists() or record.is_symlink():
-        return None
-    return approve(repo, record, roots, by)
