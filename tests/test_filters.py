@@ -478,3 +478,21 @@ def test_real_git_lfs_installed_locally(env: Env, cli) -> None:
     assert g("cat-file", "blob", "HEAD:big.bin").startswith("version https://git-lfs.github.com/spec/v1")
     assert (env.repo / "big.bin").read_bytes() == b"\x00binary v1\n" * 100 + b"binary v2\n"
     assert g("status", "--porcelain").strip() == ""
+
+
+def test_a_change_that_drops_the_filter_from_gitattributes_is_refused(env: Env, cli) -> None:
+    """The agent edits .gitattributes so that secret.txt is no longer encrypted, and writes the secret:
+    what the committed .gitattributes declared still holds for evolve's commit."""
+    crypt_repo(env, required=False)
+    approve(cli)
+    tip = head(env.repo)
+    env.steps([{"write": [{"path": ".gitattributes", "content": "# nothing is encrypted any more\n"},
+                          {"path": "secret.txt", "content": "token = s3cr3t\n", "append": True}],
+                "report": {"result": "improved", "summary": "simplified"}}])
+    env.queue(entry("simplify"))
+    r = cli("fire", "--cycles", "1")
+    assert r.code == 1, r.stderr
+    e = env.ledger()[-1]
+    assert e["error_class"] == "commit_failed" and "edits .gitattributes" in e["error"], e
+    assert head(env.repo) == tip
+    assert_operator_untouched(env, tip)

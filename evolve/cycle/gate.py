@@ -231,7 +231,7 @@ class Gate:
         to_commit = [p for p in (gitchange.dirty_paths(tree) - start.dirty_before) if not gitchange.is_internal(p)]
         message = gitchange.commit_message(cycle, clean_text(item.title, 4000), result)
         mine = to_commit if self.cfg.git.commit else []
-        refused = gitfilters.refusal(tree, [*mine, *gitchange.changed_since(tree, start.sha)])
+        refused = gitfilters.refusal(tree, [*mine, *gitchange.changed_since(tree, start.sha)], start.sha)
         if refused:  # plaintext never lands in a filtered file (§8.1): kept under a ref, not committed
             self.log.error("git.commit_refused", cycle=cycle, error=refused)
             verdict = committed(CycleResult(result), refused)

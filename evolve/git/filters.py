@@ -4,11 +4,12 @@
   commits), every path the repository declares filtered — its committed ``.gitattributes``, or the
   operator's global/system attributes, name a ``filter`` — must go through that filter's clean
   program under evolve's git. When the filter is pinned (the repository's own config sets it and
-  the operator has not approved it, :mod:`evolve.git.trust`), has no clean program at all, or the
+  the operator has not approved it, :mod:`evolve.git.trust`), has no clean program at all, the
   agent-writable local attributes (``info/attributes``, a local ``core.attributesFile``) override the
-  declaration, :func:`refusal` says why and the gate refuses the commit (kept under a ref, never on
-  a branch). A filter only local attributes name is local: without its program git stores the bytes
-  as they are, as it always did (a filter planted with its attribute in ``.git`` never runs).
+  declaration, or the change's own ``.gitattributes`` edit takes it away, :func:`refusal` says why
+  and the gate refuses the commit (kept under a ref, never on a branch). A filter only local
+  attributes name is local: without its program git stores the bytes as they are, as it always did
+  (a filter planted with its attribute in ``.git`` never runs).
 - **The worktree a fire cannot make**: :func:`workspace_advice` turns git's error into the cause and
   the fix ``evolve status`` shows; :func:`note_workspace` records it (and the keys left unapproved)
   in ``workspace-health.json``, which ``status`` reads without starting git.
@@ -66,16 +67,21 @@ def blocked(declared: Mapping[str, str], actual: Mapping[str, str], effective: M
             if actual.get(p) != name or not runs_clean(name, effective)}
 
 
-def refusal_text(stopped: Mapping[str, str], actual: Mapping[str, str], local: Iterable[str]) -> str:
+def refusal_text(stopped: Mapping[str, str], actual: Mapping[str, str], local: Iterable[str],
+                 dropped: Iterable[str] = ()) -> str:
     """One line: which paths evolve refuses to commit and the way out (pure). ``local``: the keys the
-    repository's own config sets."""
-    local = set(local)
+    repository's own config sets; ``dropped``: paths whose filter the change's own .gitattributes edit
+    takes away."""
+    local, dropped = set(local), set(dropped)
     by_filter: dict[str, list[str]] = {}
     for path, name in stopped.items():
         by_filter.setdefault(name, []).append(path)
     name, paths = sorted(by_filter.items())[0]
     shown = ", ".join(paths[:3]) + (f" (+{len(paths) - 3} more)" if len(paths) > 3 else "")
     head = f"refused to commit {shown}: .gitattributes filters it through `{name}`"
+    if dropped & set(paths):
+        return (f"{head}, and this change edits .gitattributes so that it would be stored unfiltered;"
+                " make that change by hand if it is meant")
     if any(actual.get(p) != name for p in paths):
         return f"{head}, but local attributes (.git/info/attributes, core.attributesFile) override that; remove them"
     if any(k.startswith(f"filter.{name}.") for k in local):
@@ -130,28 +136,50 @@ def _local_attributes(tree: Path, listing: str) -> bool:
     return common is None or (common / "info" / "attributes").exists()
 
 
-def _declared(tree: Path, paths: list[str]) -> dict[str, str]:
-    """The filters the repository's ``.gitattributes`` (as they will be committed) and the operator's
-    global/system attributes name, without the local ones: git's own matching, in a scratch
-    repository holding only copies of those files."""
+def _is_attributes(path: str) -> bool:
+    return path == ".gitattributes" or path.endswith("/.gitattributes")
+
+
+def _safe(rel: str) -> bool:
+    return bool(rel) and not any(part in ("", ".", "..", ".git") for part in rel.split("/"))
+
+
+def _tree_attributes(tree: Path) -> dict[str, bytes]:
+    """The ``.gitattributes`` files of ``tree`` as they will be committed (tracked or new, not ignored)."""
     listed = git(tree, "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--",
                  ":(glob)**/.gitattributes")
+    out: dict[str, bytes] = {}
+    for rel in sorted({p for p in listed.split("\0") if _safe(p)}):
+        try:
+            st = os.lstat(tree / rel)
+            if stat.S_ISREG(st.st_mode) and st.st_size <= _ATTR_FILE_MAX:  # git ignores a linked one too
+                out[rel] = (tree / rel).read_bytes()
+        except OSError:
+            continue  # deleted in the tree: the base's copy speaks for it
+    return out
+
+
+def _base_attributes(tree: Path, base: str) -> dict[str, bytes]:
+    """The ``.gitattributes`` files committed at ``base``."""
+    listed = git(tree, "ls-tree", "-r", "-z", "--name-only", base)
+    out: dict[str, bytes] = {}
+    for rel in sorted({p for p in listed.split("\0") if _safe(p) and _is_attributes(p)}):
+        proc = run_git(tree, "cat-file", "blob", f"{base}:{rel}")
+        if proc.returncode == 0 and len(proc.stdout) <= _ATTR_FILE_MAX:
+            out[rel] = proc.stdout.encode("utf-8", "surrogateescape")
+    return out
+
+
+def _declared(paths: list[str], files: Mapping[str, bytes]) -> dict[str, str]:
+    """The filters ``files`` (``.gitattributes`` by path) and the operator's global/system attributes
+    name for ``paths``, without the local ones: git's own matching, in a scratch repository holding
+    only those files."""
     with tempfile.TemporaryDirectory(prefix="evolve-attrs-") as tmp:
         root = Path(tmp).resolve()
         scratch = {"GIT_DIR": str(root / "git"), "GIT_WORK_TREE": str(root / "tree"),
                    "GIT_COMMON_DIR": str(root / "git")}
         (root / "tree").mkdir()
-        for rel in sorted({p for p in listed.split("\0") if p}):
-            parts = rel.split("/")
-            if any(part in ("", ".", "..", ".git") for part in parts):
-                continue
-            try:
-                st = os.lstat(tree / rel)
-                if not stat.S_ISREG(st.st_mode) or st.st_size > _ATTR_FILE_MAX:
-                    continue  # git ignores a linked .gitattributes too
-                data = (tree / rel).read_bytes()
-            except OSError:
-                continue
+        for rel, data in files.items():
             dest = root / "tree" / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(data)
@@ -159,29 +187,40 @@ def _declared(tree: Path, paths: list[str]) -> dict[str, str]:
         return _check_attr(root / "tree", paths, extra_env=scratch)
 
 
-def refusal(tree: Path, paths: Iterable[str]) -> str | None:
+def refusal(tree: Path, paths: Iterable[str], base: str | None = None) -> str | None:
     """Why evolve must not commit (or land) ``paths`` from ``tree``, or None: the module's first rule.
+    ``base``: the commit the change started from (a ``.gitattributes`` the change edits or removes
+    still declares what it declared there).
 
-    One ``check-attr`` and one ``config`` when no path is filtered, plus a scratch ``check-attr``
-    when local attributes are in play.
+    One ``check-attr`` and one ``config`` in the usual case; the declaration is read apart (scratch
+    ``check-attr``) when local attributes are in play or the change touches a ``.gitattributes``.
     """
-    present = sorted({p for p in paths if os.path.lexists(tree / p)})
+    paths = set(paths)
+    present = sorted(p for p in paths if os.path.lexists(tree / p))
     if not present:
         return None
     try:
-        return _refusal(tree, present)
+        return _refusal(tree, present, base if any(_is_attributes(p) for p in paths) else None)
     except GitError as exc:  # unknown is not safe
         return f"refused to commit: cannot tell which filters the paths need ({' '.join(str(exc).split())[:200]})"
 
 
-def _refusal(tree: Path, present: list[str]) -> str | None:
+def _refusal(tree: Path, present: list[str], base: str | None) -> str | None:
     actual = _check_attr(tree, present)
     listing = git(tree, "config", "--show-scope", "-z", "--get-regexp", _FILTER_KEYS, check=False)
-    declared = _declared(tree, present) if _local_attributes(tree, listing) else actual
+    dropped: set[str] = set()
+    if base is None and not _local_attributes(tree, listing):
+        declared = actual
+    else:
+        declared = _declared(present, _tree_attributes(tree))
+        if base is not None:
+            before = _declared(present, _base_attributes(tree, base))
+            dropped = {p for p, name in before.items() if declared.get(p) != name}
+            declared = {**declared, **before}
     if not declared:
         return None
     stopped = blocked(declared, actual, pins.effective(listing, trust.trusted_for(tree)))
-    return refusal_text(stopped, actual, pins.local_values(listing)) if stopped else None
+    return refusal_text(stopped, actual, pins.local_values(listing), dropped) if stopped else None
 
 
 def seed_worktree(repo: Path, tree: Path, base: str, policy: GitPolicy = SAFE) -> bool:

@@ -84,13 +84,13 @@ def local_values(listing: str) -> dict[str, list[str]]:
     return out
 
 
+_FILTER_PROGRAM = re.compile(r"^(?P<driver>filter\..+)\.(clean|smudge|process)$")
+
+
 def _filter_of(key: str) -> str | None:
     """``filter.<name>`` for a filter's program key, else None."""
     m = _FILTER_PROGRAM.match(key)
     return m["driver"] if m else None
-
-
-_FILTER_PROGRAM = re.compile(r"^(?P<driver>filter\..+)\.(clean|smudge|process)$")
 
 
 def approved_keys(local: Mapping[str, Sequence[str]], trusted: Trusted | None) -> set[str]:
