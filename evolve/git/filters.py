@@ -264,7 +264,9 @@ def _link_keys(tree: Path, keys: Path) -> None:
 def note_workspace(paths: Any, *, error: str | None, fire_id: str) -> dict[str, Any] | None:
     """Record what ``evolve status`` says about the workspace (``paths.workspace_health``, written
     atomically): why it could not be made, and the repository's keys evolve's git leaves pinned;
-    removed when there is nothing to say. Returns the record."""
+    removed when there is nothing to say. Returns the record. git's error is redacted (the sink);
+    the keys' values are kept as .git/config holds them, so ``status`` can match them to approvals."""
+    from evolve import redact
     from evolve.store.atomic import write_json
     from evolve.timeutil import utc_iso
 
@@ -277,6 +279,7 @@ def note_workspace(paths: Any, *, error: str | None, fire_id: str) -> dict[str, 
         unapproved, refused = {}, {}
     rec: dict[str, Any] = {"checked_at": utc_iso(), "fire_id": fire_id, "unapproved": unapproved, "refused": refused}
     if error is not None:
+        error = redact.current().text(error)
         cause, fix = workspace_advice(error, unapproved)
         rec["error"] = {"cause": cause, "fix": fix, "filter": failed_filter(error),
                         "git_error": " ".join(error.split())[:500]}
