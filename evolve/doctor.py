@@ -3,8 +3,9 @@
 Checks: the repository is git; the config is valid; the agent binary is found and runnable (and,
 for Claude Code, credentials exist and ``CLAUDECODE`` is unset); the work tracker; the state
 directory is writable and on a local filesystem (NFS and other network filesystems break the fire
-lock); halt markers; autocompact; the schedule (daemon, systemd timer or crontab). Exit 1 when any
-check FAILs, else 0.
+lock); halt markers; the repository's own program-valued git keys (approved or pinned) and whether the
+last fire could make its workspace; autocompact; the schedule (daemon, systemd timer or crontab).
+Exit 1 when any check FAILs, else 0. ``--trust-git-config`` approves the repository's git keys first.
 """
 
 from __future__ import annotations
@@ -465,17 +466,77 @@ def check_git(repo: Path, env: Mapping[str, str]) -> list[Finding]:
     return out
 
 
+def check_git_config(paths: Any, snap: StatusSnapshot | None = None) -> list[Finding]:
+    """The repository's own program-valued git keys (docs/DESIGN.md §8.1): the approved ones evolve's git
+    runs, the others it pins (WARN, with the one command that approves them), and whether the last
+    fire could make its workspace (FAIL with the cause and the fix when it could not)."""
+    from evolve.git import approve, trust
+    from evolve.git.run import GitError
+
+    out = []
+    try:
+        seen = approve.observe(paths.repo, paths.git_trust, trust.roots_of(paths.repo, paths.evolve_dir))
+    except (GitError, OSError) as exc:
+        return [Finding("git config", WARN, f"cannot read the repository's git config: {exc}"[:300])]
+    if seen.trusted:
+        out.append(Finding("git config", OK, "evolve's git runs the approved " + ", ".join(
+            f"{k} = {' | '.join(v)}" for k, v in seen.trusted.items())))
+    if seen.unapproved:
+        shown = "; ".join(f"{k} = {' | '.join(v)}" for k, v in seen.unapproved.items())
+        out.append(Finding("git config", WARN, f"not approved, so evolve's git does not run them: {shown}",
+                           "if these are yours (git-crypt, git lfs install --local): evolve doctor --trust-git-config;"
+                           " if not, the agent may have written them: remove them from .git/config"))
+    for key, why in seen.refused.items():
+        out.append(Finding("git config", WARN, f"{key} is never run by evolve's git: {why}",
+                           "set it in your global git config, or point it at a program outside the repository"))
+    if not out:
+        out.append(Finding("git config", OK, "no program-valued keys in the repository's own config"))
+    if snap is not None and snap.workspace:
+        from evolve.status.snapshot import workspace_error
+        from evolve.store.atomic import read_json
+
+        failed = workspace_error(snap.workspace, read_json(paths.git_trust))
+        if failed:
+            out.append(Finding("workspace", FAIL, f"the last fire could not make its workspace: {failed[0]}",
+                               failed[1]))
+    return out
+
+
+def approve_git_config(paths: Any, cfg: Any | None = None) -> list[Finding]:
+    """``evolve doctor --trust-git-config``: approve exactly what the repository's own config holds now
+    (the record is replaced), each key and value shown."""
+    from evolve.git import approve, trust
+    from evolve.git.run import GitError
+
+    more = [Path(cfg.git.worktree_dir).expanduser()] if cfg is not None and cfg.git.worktree_dir else []
+    try:
+        done = approve.approve(paths.repo, paths.git_trust, trust.roots_of(paths.repo, paths.evolve_dir, *more),
+                             by="evolve doctor --trust-git-config")
+    except (GitError, OSError) as exc:
+        return [Finding("git trust", FAIL, f"cannot approve the repository's git config: {exc}"[:300],
+                        "fix what it says and run `evolve doctor --trust-git-config` again")]
+    out = [Finding("git trust", OK, f"approved {k} = {' | '.join(v)}") for k, v in done.trusted.items()]
+    out += [Finding("git trust", WARN, f"not approved {k}: {why}",
+                    "set it in your global git config, or point it at a program outside the repository")
+            for k, why in done.refused.items()]
+    if not out:
+        out.append(Finding("git trust", OK, f"nothing to approve; {paths.git_trust} now trusts no key"))
+    return out
+
+
 def diagnose(repo: Path, env: Mapping[str, str]) -> list[Finding]:
     """Every check, in order; never raises for a broken setup (that is what it reports)."""
     from evolve.config import Config, load
     from evolve.errors import ConfigError
+    from evolve.git import trust
     from evolve.paths import Paths
     from evolve.status.snapshot import read_snapshot
 
+    paths = Paths.for_repo(repo, env=env)
+    trust.register(repo, paths.git_trust)  # doctor's git runs what a fire's would (§8.1)
     findings = check_git(repo, env)
     if findings[0].level == FAIL:
         return findings
-    paths = Paths.for_repo(repo, env=env)
     try:
         cfg = load(paths.config, env)
         findings.append(Finding("config", OK, f"{paths.config}" + ("" if paths.config.exists() else " (defaults)")))
@@ -508,6 +569,7 @@ def diagnose(repo: Path, env: Mapping[str, str]) -> list[Finding]:
         findings.append(Finding("status", FAIL, f"cannot read the state: {type(exc).__name__}: {exc}"[:300],
                                 "look at .agents/evolve/session-state.json and cycle-history.jsonl"))
     findings += check_markers(snap)
+    findings += check_git_config(paths, snap)
     if claude:
         findings.append(check_autocompact(snap.autocompact if snap is not None else {}))
     findings.append(check_schedule(paths, env))

@@ -35,6 +35,28 @@ def init_repo(paths: Paths) -> list[str]:
         out.append(f"wrote {paths.config}")
     else:
         out.append(f"kept  {paths.config} (already present)")
+    out += _record_git_trust(paths)
+    return out
+
+
+def _record_git_trust(paths: Paths) -> list[str]:
+    """evolve's first look at the repository's own git config: its program-valued keys (git-crypt, a
+    local ``git lfs install``) are recorded as the operator's (docs/DESIGN.md §8.1). Once only: a key
+    that appears later waits for ``evolve doctor --trust-git-config``."""
+    from evolve.git import approve, trust
+    from evolve.git.run import GitError
+
+    try:
+        seen = approve.record_first(paths.repo, paths.git_trust, trust.roots_of(paths.repo, paths.evolve_dir),
+                                  by="evolve init")
+    except (GitError, OSError) as exc:
+        return [f"could not read the repository's git config ({exc}); `evolve doctor --trust-git-config` later"]
+    if seen is None:
+        return [f"kept  {paths.git_trust} (already present; `evolve doctor --trust-git-config` changes it)"]
+    out = [f"wrote {paths.git_trust}: evolve's git runs "
+           + (", ".join(f"{k} = {' | '.join(v)}" for k, v in seen.trusted.items()) if seen.trusted
+              else "no program from the repository's own git config")]
+    out += [f"      not {k}: {why}" for k, why in seen.refused.items()]
     return out
 
 

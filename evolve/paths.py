@@ -95,6 +95,16 @@ class Paths:
         return self._e("push.json")
 
     @property
+    def git_trust(self) -> Path:
+        """The operator's approved program-valued keys of the repository's own git config (§8.1)."""
+        return self._e("git-trust.json")
+
+    @property
+    def workspace_health(self) -> Path:
+        """Why the last fire could not make its workspace, and the git keys it left pinned (§8.3)."""
+        return self._e("workspace-health.json")
+
+    @property
     def lock(self) -> Path:
         return self._e("fire.lock")
 

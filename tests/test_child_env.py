@@ -13,6 +13,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import orjson
@@ -181,6 +182,72 @@ def test_repo_config_cannot_choose_a_program(env: Env) -> None:
     pins = gitrun._program_pins(env.repo, gitrun.git_env(), 30.0)
     pairs = dict(p.split("=", 1) for p in pins[1::2])
     assert pairs == {"gpg.program": "gpg", "core.sshcommand": "ssh", "merge.x.driver": "", "filter.Leak.smudge": ""}
+
+
+def test_repo_config_cannot_choose_a_program_but_the_operator_s_approved_keys_run(env: Env) -> None:
+    """An approved key is not pinned while its value is the approved one; a filter runs whole or not at all."""
+    from evolve.git import trust
+
+    git(env.repo, "config", "filter.crypt.clean", "/usr/bin/crypt clean")
+    git(env.repo, "config", "filter.crypt.smudge", "/usr/bin/crypt smudge")
+    git(env.repo, "config", "core.sshCommand", "/tmp/evil-ssh")
+    record = env.paths.git_trust
+    trust.write(record, {"filter.crypt.clean": ["/usr/bin/crypt clean"],
+                         "filter.crypt.smudge": ["/usr/bin/crypt smudge"]}, by="test")
+    trust.register(env.repo, record)
+
+    def pairs() -> dict[str, str]:
+        pins = gitrun._program_pins(env.repo, gitrun.git_env(), 30.0)
+        return dict(p.split("=", 1) for p in pins[1::2])
+
+    assert pairs() == {"core.sshcommand": "ssh"}
+    git(env.repo, "config", "filter.crypt.clean", "/tmp/evil clean")  # changed after approval
+    assert pairs() == {"core.sshcommand": "ssh", "filter.crypt.clean": "", "filter.crypt.smudge": ""}
+
+
+def test_writing_an_index_runs_no_planted_clean_filter(env: Env) -> None:
+    """``write-tree`` (saving a failed commit's change) writes an index, and git re-reads a racily clean
+    entry through the clean filter there: pinned like every other subcommand that touches content."""
+    out = _plant(env)
+    (env.repo / "a.txt").write_text("x\n")
+    future = time.time() + 3600
+    os.utime(env.repo / "a.txt", (future, future))  # newer than any index written now: racy, so re-read
+    ref = gitchange.save_uncommitted(env.repo, ["a.txt"], 1, "saved")
+    assert git(env.repo, "show", f"{ref}:a.txt") == "x\n"
+    assert sorted(p.name for p in out.iterdir()) == []
+
+
+def test_an_approved_filter_runs_with_the_allow_listed_env_and_a_planted_one_still_never_runs(env: Env, cli) -> None:
+    """The operator's filter (approved) runs under evolve's git without a secret; the agent's (planted
+    after the approval, with its attribute in .git/info/attributes) never runs, and status names it."""
+    ran = env.root / "crypt-ran"
+    _exe(env.root / "crypt.sh", f'#!/bin/sh\nenv > "{ran}-$$"\ncat\n')
+    git(env.repo, "config", "filter.op.clean", str(env.root / "crypt.sh"))
+    git(env.repo, "config", "filter.op.smudge", str(env.root / "crypt.sh"))
+    (env.repo / ".gitattributes").write_text("*.cfg filter=op\n")
+    (env.repo / "app.cfg").write_text("v1\n")
+    git(env.repo, "-c", "filter.op.clean=cat", "-c", "filter.op.smudge=cat", "add", ".gitattributes", "app.cfg")
+    git(env.repo, "commit", "-q", "-m", "config")
+    out = _plant(env)  # the agent's filter `leak` on *.txt, its hooks and fsmonitor
+    (env.root / "agent.py").write_text(AGENT)
+    (env.root / "step.json").write_bytes(orjson.dumps({"write": {"app.cfg": "v2\n", "src/out.txt": "new\n"}}))
+    env.write_config(agent={"argv": [sys.executable, str(env.root / "agent.py"), str(env.root / "step.json"),
+                                     str(env.root / "agent-env.json")]})
+    approved = cli("doctor", "--trust-git-config").stdout
+    assert "approved filter.op.clean" in approved and "approved filter.leak.clean" in approved
+    git(env.repo, "config", "filter.leak.clean", str(env.root / "clean.sh") + " --changed")  # after the approval
+    git(env.repo, "config", "filter.leak.smudge", str(env.root / "smudge.sh") + " --changed")
+    _fire(env, cli)
+    assert env.ledger()[-1]["result"] == "improved"
+    assert git(env.repo, "show", "HEAD:app.cfg") == "v1\nv2\n" and git(env.repo, "show", "HEAD:src/out.txt") == "new\n"
+    assert sorted(p.name for p in out.iterdir()) == []  # the planted filter, hooks, fsmonitor: none ran
+    dumps = list(env.root.glob("crypt-ran-*"))
+    assert dumps  # the operator's filter ran (checkout of the worktree, the commit)
+    for p in dumps:
+        text = p.read_text()
+        assert _leaks(text) == [] and "EVOLVE_FIRE_ID" not in text, p.name
+    warnings = orjson.loads(cli("status", "--json").stdout)["warnings"]
+    assert any("filter.leak.clean" in w for w in warnings), warnings
 
 
 def test_signing_opt_in_signs_with_the_operators_gpg_not_the_repos(env: Env, tmp_path: Path) -> None:

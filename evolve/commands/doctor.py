@@ -10,6 +10,9 @@ from evolve.commands._common import repo_of
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.description = "Check the setup. Each line is OK, WARN or FAIL with the fix; exit 1 when anything FAILs."
     p.add_argument("--json", action="store_true", help="a JSON array of {check, level, message, fix}")
+    p.add_argument("--trust-git-config", action="store_true",
+                   help="approve the program-valued keys the repository's own git config sets now (git-crypt,"
+                        " git lfs install --local): evolve's git runs them from then on; shown one by one")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,7 +31,15 @@ def run(args: argparse.Namespace) -> int:
             raise
     from evolve.redact import current
 
-    findings = diagnose(repo, os.environ)
+    findings = []
+    if args.trust_git_config:
+        from evolve.doctor import approve_git_config
+        from evolve.paths import Paths
+        from evolve.status.snapshot import load_config
+
+        paths = Paths.for_repo(repo, env=os.environ)
+        findings += approve_git_config(paths, load_config(paths, os.environ)[0])
+    findings += diagnose(repo, os.environ)
     r = current()  # the sink: a finding may quote the config (a notify URL) or the environment
     if args.json:
         import orjson

@@ -39,8 +39,10 @@ from evolve.cycle.handoff import handoff_text, milestone
 from evolve.cycle.pending import Held
 from evolve.cycle.select import Selector
 from evolve.git import change as gitchange
+from evolve.git import filters as gitfilters
 from evolve.git import refs as gitrefs
 from evolve.git import run as gitrun
+from evolve.git import trust as gittrust
 from evolve.harness import handoff as handoffs
 from evolve.harness import hooks as harness_hooks
 from evolve.harness import plan as plans
@@ -235,7 +237,10 @@ class Fire:
 
     def _open_workspace(self, outcome: FireOutcome) -> bool:
         """The agent's tree for this fire (§8.3): made, a dead cycle's work set aside, waiting commits
-        landed (and recorded), standing at the base. False (the fire ends, exit 1) when git cannot."""
+        landed (and recorded), standing at the base. False (the fire ends, exit 1) when git cannot give us
+        one; either way ``workspace-health.json`` says so for ``status`` (§8.3)."""
+        gittrust.register(self.paths.repo, self.paths.git_trust)  # the operator's approved filters run (§8.1)
+        error = None
         try:
             ws = workspace.open_workspace(
                 self.paths.repo, self.paths, self.cfg.git, self.gate.git_policy, self.log, regate=self.gate.red_reason,
@@ -244,6 +249,10 @@ class Fire:
         except (gitrun.GitError, OSError) as exc:
             self.log.error("workspace.error", error=str(exc)[:300])
             outcome.reason, outcome.exit_code = "workspace_error", exitcodes.ERROR
+            error = str(exc)
+        with contextlib.suppress(gitrun.GitError, OSError):
+            gitfilters.note_workspace(self.paths, error=error, fire_id=self.fire_id)
+        if error is not None:
             return False
         self.ws = ws
         self._settle_waiting()

@@ -23,6 +23,7 @@ from evolve.cycle.pending import Held
 from evolve.cycle.publish import Publisher
 from evolve.cycle.workspace import InPlace, Isolated, Land, Start, Workspace
 from evolve.git import change as gitchange
+from evolve.git import filters as gitfilters
 from evolve.git import refs as gitrefs
 from evolve.git import run as gitrun
 from evolve.paths import Paths
@@ -278,9 +279,16 @@ class Gate:
         """
         tree = start.tree
         to_commit = [p for p in (gitchange.dirty_paths(tree) - start.dirty_before) if not gitchange.is_internal(p)]
+        message = gitchange.commit_message(cycle, clean_text(item.title, 4000), result)
+        mine = to_commit if self.cfg.git.commit else []
+        refused = gitfilters.refusal(tree, [*mine, *gitchange.changed_since(tree, start.sha)], start.sha)
+        if refused:  # plaintext never lands in a filtered file (§8.1): kept under a ref, not committed
+            self.log.error("git.commit_refused", cycle=cycle, error=refused)
+            verdict = committed(CycleResult(result), refused)
+            kept = self._keep(tree, cycle, sorted(mine), message) if mine else {}
+            return verdict.result, {**verdict.fields, **kept}
         if not (self.cfg.git.commit and to_commit):
             return None
-        message = gitchange.commit_message(cycle, clean_text(item.title, 4000), result)
         try:
             sha = gitchange.commit_paths(tree, to_commit, message, self.git_policy)
         except gitrun.GitError as exc:

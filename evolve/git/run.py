@@ -1,9 +1,10 @@
 """The one way evolve starts git (docs/DESIGN.md §8.1): :func:`run_git`.
 
 Hooks, fsmonitor and signing off unless the operator opts in (``[git] run_hooks``, ``[git] sign``),
-program-valued keys of the repository's own config pinned (:mod:`evolve.git.pins`), an allow-listed
-environment (:func:`git_env`), its own process group, bounded. The agent can write ``.git/hooks`` and
-``.git/config`` and evolve holds API keys: no git process evolve starts may run what they name.
+program-valued keys of the repository's own config pinned (:mod:`evolve.git.pins`) unless the operator
+approved them (:mod:`evolve.git.trust`), an allow-listed environment (:func:`git_env`), its own process
+group, bounded. The agent can write ``.git/hooks`` and ``.git/config`` and evolve holds API keys: no git
+process evolve starts may run what they name without the operator's say.
 
 ``subprocess`` is imported inside the functions that start git: every command (``evolve status``
 too) reaches this package for :func:`evolve.git.toplevel.git_toplevel`, which usually needs no git.
@@ -95,7 +96,7 @@ def run_git(
     """Every git command evolve runs goes through here (docs/DESIGN.md §8, "What evolve's git runs").
 
     Hooks and fsmonitor are off unless ``policy.run_hooks``; signing is off unless ``policy.sign``;
-    program-valued keys from the repository's own config are pinned; the environment is
+    program-valued keys from the repository's own config are pinned unless approved; the environment is
     :func:`git_env`. Git runs in its own process group (a hook's children too) under
     ``min(timeout, policy.timeout_s)``, also capped by the running fire's remaining budget
     (:func:`evolve.procgroup.capped`). Raises OSError when git cannot start and GitTimeout (a
@@ -152,9 +153,12 @@ def _verb(argv: list[str]) -> str:
 
 
 def _program_pins(repo: Path, env: Mapping[str, str], timeout: float) -> list[str]:
-    """The ``-c`` pins for what the repository's own config names (:func:`evolve.git.pins.pins_from_config`)."""
+    """The ``-c`` pins for what the repository's own config names (:func:`evolve.git.pins.pins_from_config`),
+    but for the keys the operator approved (:func:`evolve.git.trust.trusted_for`)."""
+    from evolve.git import trust
+
     proc = _run(["git", "config", "--show-scope", "-z", "--get-regexp", pins.PATTERN], repo, env, timeout)
-    return pins.pins_from_config(proc.stdout)
+    return pins.pins_from_config(proc.stdout, trust.trusted_for(repo))
 
 
 def identity(repo: Path) -> dict[str, str]:

@@ -85,6 +85,7 @@ def ensure(repo: Path, path: Path, base: str, policy: GitPolicy = SAFE, *, adopt
                            "to a path of its own (or remove that worktree with `git worktree remove`)")
         (admin / OWNED).write_text("made by evolve for its agent (docs/DESIGN.md §8.3)\n", encoding="utf-8")
     if admin is not None and rev(path, "HEAD") and _registered(repo, path):
+        _link_crypt_keys(repo, admin)
         return False
     if path.exists() or path.is_symlink():
         if admin is None:
@@ -94,12 +95,28 @@ def ensure(repo: Path, path: Path, base: str, policy: GitPolicy = SAFE, *, adopt
             shutil.rmtree(path)
     run_git(repo, "worktree", "prune")
     path.parent.mkdir(parents=True, exist_ok=True)
-    git(repo, "worktree", "add", "-q", "--detach", str(path), base, policy=policy)
+    # Made without a checkout, marked and given git-crypt's keys, then checked out through the filters.
+    git(repo, "worktree", "add", "-q", "--no-checkout", "--detach", str(path), base, policy=policy)
     made = _admin_dir(path)
     if made is None:
         raise GitError(f"git made no worktree at {path}")
     (made / OWNED).write_text("made by evolve for its agent (docs/DESIGN.md §8.3)\n", encoding="utf-8")
+    try:
+        _link_crypt_keys(repo, made)
+        git(path, "reset", "-q", "--hard", base, policy=policy)
+    except (GitError, OSError):
+        run_git(repo, "worktree", "remove", "--force", str(path))  # no half-made worktree left behind
+        raise
     return True
+
+
+def _link_crypt_keys(repo: Path, admin: Path) -> None:
+    """git-crypt looks for its keys in the worktree's own git dir, not the shared one (AGWA/git-crypt#105):
+    link them there when the operator has unlocked the repository."""
+    keys = common_dir(repo) / "git-crypt"
+    link = admin / "git-crypt"
+    if keys.is_dir() and not os.path.lexists(link):
+        link.symlink_to(keys, target_is_directory=True)
 
 
 def _admin_dir(path: Path) -> Path | None:

@@ -14,7 +14,8 @@ Health, and the exit code of ``evolve status``:
   exit 78), the metronome blocks every fire until RESCOPE is written, or green work that did not land
   waits under ``refs/evolve/unlanded/`` and no later cycle finalized its item (docs/DESIGN.md §8.3:
   ``evolve setaside apply|drop``; stranded, interrupted and uncommitted refs are warnings, their items
-  are retried);
+  are retried), or the last fire could not make its workspace (the cause and the fix, from
+  ``workspace-health.json``; docs/DESIGN.md §8.3);
 - **dormant** (0): DORMANT is present and nothing above holds: caught up, nothing to do; the next
   fire clears it by itself as soon as any work appears (no operator needed, so not a halt);
 - **healthy** (0): anything else.
@@ -182,6 +183,7 @@ class StatusSnapshot:
     parked_items: tuple[str, ...] = ()  # refs parked by the attempt budget (`evolve requeue REF`)
     metronome_blocked: dict[str, Any] | None = None  # a stall: every fire blocked until RESCOPE is written
     set_aside_refs: tuple[setaside.Aside, ...] = ()  # each set-aside ref: its item, superseded, needs you
+    workspace: dict[str, Any] | None = None  # workspace-health.json: why the last fire had no workspace, pinned keys
 
     def as_json(self) -> dict[str, Any]:
         """What ``evolve status --json`` prints (its keys and their order are a published schema)."""
@@ -502,6 +504,53 @@ def _last_red(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
             keys = ("cycle", "timestamp", "work_ref", "target", "result", "gate_detail", "gate_output", "run_log")
             return {k: e.get(k) for k in keys}
     return None
+def _still_pinned(health: dict[str, Any], trust: Any) -> set[str]:
+    """The keys the last fire left pinned that are not approved as they were then (approved since: gone)."""
+    keys = trust.get("keys") if isinstance(trust, dict) else None
+    approved = keys if isinstance(keys, dict) else {}
+    waiting = health.get("unapproved")
+    return {str(k) for k, v in waiting.items() if approved.get(k) != v} if isinstance(waiting, dict) else set()
+
+
+def workspace_error(health: Any, trust: Any) -> tuple[str, str] | None:
+    """``(cause, fix)`` when the last fire could not make its workspace (pure); once the filter that
+    failed is approved, the fix says the next fire retries."""
+    err = health.get("error") if isinstance(health, dict) else None
+    if not isinstance(err, dict):
+        return None
+    name = err.get("filter")
+    waiting = health.get("unapproved") if isinstance(health.get("unapproved"), dict) else {}
+    mine = {str(k) for k in waiting if isinstance(name, str) and str(k).startswith(f"filter.{name}.")}
+    if mine and not mine & _still_pinned(health, trust):
+        return _shown(err.get("cause"), 300), "its filter is approved now: the next fire retries"
+    return _shown(err.get("cause"), 300), _shown(err.get("fix"), 300)
+
+
+def workspace_lines(health: Any, trust: Any) -> tuple[list[str], list[str]]:
+    """What the last fire recorded about its workspace (``workspace-health.json``, §8.3): a fire that
+    could not make it is DEGRADED with the cause and the fix; the repository's own git keys evolve's
+    git leaves pinned (not approved, or never approvable) are a warning. Keys approved since (the
+    record, ``git-trust.json``, read as it is now) are not named again. (Pure.)"""
+    if not isinstance(health, dict):
+        return [], []
+    warnings: list[str] = []
+    failed = workspace_error(health, trust)
+    degraded = [f"{failed[0]}; {failed[1]}"] if failed else []
+    still = _still_pinned(health, trust)
+    if still:
+        names = sorted(still)
+        shown = ", ".join(names[:4]) + (f" (+{len(names) - 4} more)" if len(names) > 4 else "")
+        warnings.append(f"the repository's own git config sets {_shown(shown, 300)}: evolve's git does not run them"
+                        " until the operator approves (`evolve doctor` shows them, `evolve doctor --trust-git-config`"
+                        " approves)")
+    never = health.get("refused")
+    if isinstance(never, dict) and never:
+        key = sorted(never)[0]
+        warnings.append(f"evolve's git never runs {_shown(key, 120)} from the repository's own config:"
+                        f" {_shown(never[key], 200)}; set it in your global config or move the program")
+    return degraded, warnings
+
+
 def state_of(halt: Halt | None, degraded: list[str]) -> str:
     """An operator's halt wins, then anything degraded; DORMANT alone is its own, untroubled state."""
     if halt is not None and halt.reason != step1.DORMANT:
@@ -560,6 +609,9 @@ def read_snapshot(
                         f" before working; {stall['remedy']}")
     if config_error is None:
         degraded += _preflight(cfg, env)
+    ws_health = read_json(paths.workspace_health)
+    ws_degraded, ws_warnings = workspace_lines(ws_health, read_json(paths.git_trust))
+    degraded += ws_degraded
     health = state_of(halt, degraded)
     return StatusSnapshot(
         repo=str(paths.repo),
@@ -592,7 +644,8 @@ def read_snapshot(
         autocompact=autocompact_info(paths.repo, env),
         recent=tail.entries[-recent:] if recent > 0 else [],
         malformed_lines_seen=tail.malformed,
-        warnings=tuple(_warnings(markers, tail.malformed, last, st.parked_items) + aside_warnings + land_warnings),
+        warnings=tuple(_warnings(markers, tail.malformed, last, st.parked_items) + aside_warnings + land_warnings
+                       + ws_warnings),
         config_error=config_error,
         generated_at=utc_iso(now),
         set_aside=set_aside,
@@ -600,6 +653,7 @@ def read_snapshot(
         set_aside_refs=tuple(aside),
         last_red=_last_red(tail.entries),
         metronome_blocked=stall,
+        workspace=ws_health if isinstance(ws_health, dict) else None,
         parked_items=tuple(st.parked_items),
     )
 
