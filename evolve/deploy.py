@@ -1,5 +1,7 @@
 """Fills the deploy templates: generic ones for `deploy/`, concrete ones for `evolve install` (pure, no I/O).
 
+Apart from the renderers: :func:`evolve_command` and :func:`shell_fire_path` look at this environment
+(which evolve runs, what PATH `install` would render; ``evolve doctor`` compares the latter), and
 ``python -m evolve.deploy DIR`` rewrites the generic files under DIR (the repository's ``deploy/``).
 """
 
@@ -187,6 +189,39 @@ def scheduled_path(shell_path: str, evolve_bins: Iterable[str], repo: str,
         kept.append(entry)
     added = tuple(d for d in SYSTEM_PATH if d not in kept)
     return ScheduledPath(":".join([*kept, *added]), tuple(dropped), added)
+
+
+def evolve_command() -> tuple[str, ...]:
+    """This environment's ``evolve`` argv (the script next to the running interpreter), never a PATH lookup
+    at fire time. An argv, not a string: the renderers quote each word for their format."""
+    import os
+    import shutil
+
+    beside = Path(sys.executable).parent / "evolve"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return (str(beside),)
+    found = shutil.which("evolve")
+    if found:
+        return (str(Path(found).resolve()),)
+    return (sys.executable, "-m", "evolve")
+
+
+def evolve_bins(evolve: tuple[str, ...]) -> list[str]:
+    """evolve's own virtualenv(s): the running interpreter's, and the one the evolve command is the
+    console script of (``<venv>/bin/evolve``, through a link such as pipx's ``~/.local/bin/evolve``)."""
+    out = [str(Path(sys.prefix) / "bin")] if sys.prefix != sys.base_prefix else []
+    script = Path(evolve[0]).resolve()
+    if (script.parent.parent / "pyvenv.cfg").is_file():
+        out.append(str(script.parent))
+    return out
+
+
+def shell_fire_path(repo: Path, env: Mapping[str, str]) -> str:
+    """What `evolve install systemd|cron` renders as PATH from this environment."""
+    import os
+
+    return scheduled_path(env.get("PATH") or os.defpath, evolve_bins(evolve_command()), str(repo),
+                          real=os.path.realpath).value
 
 
 def check_path_override(value: str) -> str:

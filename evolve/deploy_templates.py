@@ -125,12 +125,12 @@ KUBERNETES = """\
 # The config: the ConfigMap below is the repository's .agents/evolve/config.toml (git-ignored, so no clone
 # has it); every Job copies it into the clone. Change it here and `kubectl apply` again.
 # The toolchain: every fire, so the gate and the agent, runs on the PATH given to the evolve container
-# below, never on evolve's own virtualenv (evolve runs as {{evolve}}). The gate finds the project's
-# tools only if they are there: build the image FROM your project's own toolchain image (Debian-based,
-# Python >= 3.11: podman build --build-arg PYTHON_IMAGE=..., deploy/README.md) and put its directories
-# on that PATH (`evolve install kubernetes --path ...`), or have [workspace] setup install them into the
-# worktree on the volume (e.g. python3 -m venv .venv, then .venv/bin/pip install -e .) with [workspace]
-# path naming the directory (.venv/bin), which the fire puts first.
+# below, never on evolve's own virtualenv (evolve runs as {{evolve}}).
+# The gate finds the project's tools only if they are there: build the image on your project's own
+# toolchain image (Debian-based, Python >= 3.11: podman build --build-arg PYTHON_IMAGE=...;
+# deploy/README.md) and put its directories on that PATH (`evolve install kubernetes --path ...`), or
+# have [workspace] setup install them into the worktree on the volume (e.g. python3 -m venv .venv, then
+# .venv/bin/pip install -e .) with [workspace] path naming the directory (.venv/bin): the fire puts it first.
 apiVersion: v1
 kind: ConfigMap
 metadata:

@@ -3,8 +3,8 @@
 Checks: the repository is git; the config is valid; the agent binary is found and runnable (and,
 for Claude Code, credentials exist and ``CLAUDECODE`` is unset); the work tracker; the state
 directory is writable and on a local filesystem (NFS and other network filesystems break the fire
-lock); halt markers; autocompact; the schedule (daemon, systemd timer or crontab). Exit 1 when any
-check FAILs, else 0.
+lock); halt markers; autocompact; the schedule (daemon, systemd timer or crontab), and whether the gate's
+programs resolve under a scheduled fire's PATH as in this shell. Exit 1 when any check FAILs, else 0.
 """
 
 from __future__ import annotations
@@ -405,7 +405,7 @@ def check_scheduled_path(cfg: Any, paths: Any, env: Mapping[str, str], **where: 
     installed unit's or crontab line's, else what `evolve install` would render from this shell."""
     sources = _scheduled_paths(paths, env, **where)
     if not sources:
-        from evolve.commands.install import shell_fire_path
+        from evolve.deploy import shell_fire_path
 
         sources = [("what `evolve install systemd|cron` would render", shell_fire_path(paths.repo, env))]
     roles = {argv[0]: "gate program" for argv in cfg.gate.commands if argv and "/" not in argv[0]}

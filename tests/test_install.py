@@ -440,18 +440,20 @@ def test_scheduled_gate_gets_the_interpreter_a_hand_run_fire_gets(env: Env, cli,
     gives the gate the same interpreter and the same PATH, not evolve's own virtualenv."""
     venv = operator_toolchain(tmp_path)
     shell_path = f"{venv}/bin:/usr/local/bin:/usr/bin:/bin"
+    # The operator's shell: their python first, a locale and a time zone cron would not give the gate.
+    shell = {"PATH": shell_path, "LANG": "C.UTF-8", "LC_COLLATE": "C", "TZ": "Europe/Berlin"}
     record = env.repo / ".agents" / "gate-probe.json"
     probe_gate(env, record)
     env.write_config(fire={"max_cycles": 1})
     env.queue(entry("a", "b"))
 
-    by_hand = cli("fire", extra_env={"PATH": shell_path})
+    by_hand = cli("fire", extra_env=shell)
     assert by_hand.code == 0, by_hand.stderr
     assert results(env.ledger()) == ["improved"]
     hand = probed(record)
     assert hand["prefix"] == str(venv) and hand["env"]["PATH"] == shell_path
 
-    r = cli("install", "cron", "--user", "--print", extra_env={"PATH": shell_path})
+    r = cli("install", "cron", "--user", "--print", extra_env=shell)
     assert r.code == 0, r.stderr
     command = cron_command(split_printed(r.stdout, ["evolve-repo.crontab"])["evolve-repo.crontab"])
     home = tmp_path / "home"
@@ -463,7 +465,8 @@ def test_scheduled_gate_gets_the_interpreter_a_hand_run_fire_gets(env: Env, cli,
     assert results(ledger) == ["improved", "improved"], (env.paths.evolve_dir / "cron.log").read_text()[-3000:]
     scheduled = probed(record)
     assert scheduled["prefix"] == hand["prefix"] == str(venv)
-    assert scheduled["env"]["PATH"] == hand["env"]["PATH"]
+    for key in shell:
+        assert scheduled["env"].get(key) == hand["env"][key] == shell[key], key
     # Both landed on the branch; nothing left half-done.
     log = git(env.repo, "log", "--format=%H", "main").split()
     assert [e["sha"] for e in ledger] == log[:2][::-1]
@@ -540,14 +543,14 @@ def test_install_drops_evolves_venv_and_says_what_scheduled_fires_get(env: Env, 
     assert f"PATH for scheduled fires (their gate and agent): {scheduled} (change it with --path)" in r.stderr
     assert "note: `evolve` is not on that PATH" in r.stderr
     r = cli("install", "cron", "--user", "--print", extra_env={"PATH": shell})
-    assert f" PATH={scheduled} flock " in cron_command(split_printed(r.stdout, ["evolve-repo.crontab"])[
+    assert f" PATH={scheduled} " in cron_command(split_printed(r.stdout, ["evolve-repo.crontab"])[
         "evolve-repo.crontab"])
     # --path: exactly what it says, in every kind, evolve still by its absolute path.
     chosen = f"{venv}/bin:/opt/tools/bin:/usr/bin:/bin"
     r = cli("install", "systemd", "--print", "--daemon", "--path", chosen, extra_env={"PATH": shell})
     assert f"\nEnvironment=PATH={chosen}\n" in r.stdout and "left out" not in r.stderr
     r = cli("install", "cron", "--print", "--path", chosen)
-    assert f" PATH={chosen} flock " in r.stdout
+    assert f" PATH={chosen} " in r.stdout
     r = cli("install", "kubernetes", "--print", "--image", "r/evolve:1", "--path", chosen)
     assert f'value: "{chosen}"' in r.stdout
 
@@ -579,11 +582,18 @@ def test_install_carries_the_state_env_and_every_written_directory(env: Env, cli
     assert f"\nEnvironment=EVOLVE_DIR={state}\n" in daemon and " ".join(rw) in daemon
     line = cron_command(split_printed(cli("install", "cron", "--user", "--print", extra_env=shell).stdout,
                                       ["evolve-repo.crontab"])["evolve-repo.crontab"])
-    assert f" EVOLVE_DIR={state} EVOLVE_NEXTWORK={queue}/next-work.jsonl flock " in line
+    assert f" EVOLVE_DIR={state} EVOLVE_NEXTWORK={queue}/next-work.jsonl " in line
     assert f"mkdir -p {state} " in line and f"{state}/cron.log" in line
     # Without them in the shell the units set neither (a fire finds .agents/evolve itself).
     plain = cli("install", "systemd", "--print").stdout
     assert "EVOLVE_DIR" not in plain and "EVOLVE_NEXTWORK" not in plain
+    # The locale and TZ the shell has (what a hand-run gate runs under), each its own word; never a secret.
+    r = cli("install", "systemd", "--print", extra_env={"LANG": "de_DE.UTF-8", "LC_ALL": "C.UTF-8",
+                                                        "TZ": "Europe/Berlin", "ANTHROPIC_API_KEY": "sk-ant-x" * 4})
+    unit = split_printed(r.stdout, ["evolve@repo.service"])["evolve@repo.service"]
+    for setting in ("LANG=de_DE.UTF-8", "LC_ALL=C.UTF-8", "TZ=Europe/Berlin"):
+        assert f"\nEnvironment={setting}\n" in unit
+    assert "sk-ant" not in r.stdout + r.stderr
 
 
 def test_system_crontab_has_a_user_field(env: Env, cli) -> None:

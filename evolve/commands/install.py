@@ -11,7 +11,6 @@ import argparse
 import os
 import re
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,43 +42,6 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
                         "(default: this shell's PATH less evolve's own virtualenv; kubernetes: the image's)")
 
 
-def _evolve_command() -> tuple[str, ...]:
-    """This environment's ``evolve`` argv (the script next to the running interpreter), never a PATH lookup
-    at fire time. An argv, not a string: the renderers quote each word for their format."""
-    import shutil
-
-    beside = Path(sys.executable).parent / "evolve"
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return (str(beside),)
-    found = shutil.which("evolve")
-    if found:
-        return (str(Path(found).resolve()),)
-    return (sys.executable, "-m", "evolve")
-
-
-def _venv_bin(path: Path) -> str | None:
-    """The ``bin`` directory of the virtualenv ``path`` (a file or directory) lies in, if any."""
-    for d in (path, *path.parents):
-        if (d / "pyvenv.cfg").is_file():
-            return str(d / "bin")
-    return None
-
-
-def _evolve_bins(evolve: tuple[str, ...]) -> list[str]:
-    """evolve's own virtualenv(s): the running interpreter's and the one the evolve command lives in."""
-    out = [str(Path(sys.prefix) / "bin")] if sys.prefix != sys.base_prefix else []
-    own = _venv_bin(Path(evolve[0]).resolve())
-    return out + ([own] if own else [])
-
-
-def shell_fire_path(repo: Path, env: Mapping[str, str]) -> str:
-    """What `evolve install systemd|cron` renders as PATH from this shell (``evolve doctor`` compares it)."""
-    from evolve import deploy
-
-    return deploy.scheduled_path(env.get("PATH") or os.defpath, _evolve_bins(_evolve_command()), str(repo),
-                                 real=os.path.realpath).value
-
-
 def _fire_path(args: argparse.Namespace, repo: Path, evolve: tuple[str, ...], env: dict[str, str]
                ) -> tuple[str, list[str]]:
     """The PATH the rendered files give every fire (docs/DESIGN.md §9) and what to say about it: ``--path``,
@@ -90,7 +52,7 @@ def _fire_path(args: argparse.Namespace, repo: Path, evolve: tuple[str, ...], en
         return deploy.check_path_override(args.path), []
     if args.kind == "kubernetes":
         return deploy.IMAGE_PATH, []
-    plan = deploy.scheduled_path(env.get("PATH") or os.defpath, _evolve_bins(evolve), str(repo),
+    plan = deploy.scheduled_path(env.get("PATH") or os.defpath, deploy.evolve_bins(evolve), str(repo),
                                  real=os.path.realpath)
     return plan.value, [f"PATH: left out {entry!r}: {why}" for entry, why in plan.dropped]
 
@@ -115,14 +77,19 @@ def _path_notes(value: str, evolve: tuple[str, ...], cfg: Config, kubernetes: bo
     return notes
 
 
-def _state_env(paths: Paths, env: dict[str, str]) -> dict[str, str]:
-    """EVOLVE_DIR and EVOLVE_NEXTWORK as this shell sets them, absolute: without them a scheduled fire
-    would read and write another state directory and queue than a hand-run one does."""
+def _carried_env(paths: Paths, env: dict[str, str]) -> dict[str, str]:
+    """What a hand-run fire takes from this shell besides PATH and a scheduled one would lack: EVOLVE_DIR
+    and EVOLVE_NEXTWORK (absolute: else it reads and writes another state directory and queue), and the
+    locale and TZ the gate's tests run under (cron sets no LANG). Only what is set, nothing secret:
+    identity (HOME, USER, LOGNAME) is the unit's user, and credentials go in the service's own environment."""
     out = {}
     if env.get("EVOLVE_DIR"):
         out["EVOLVE_DIR"] = str(paths.evolve_dir)
     if env.get("EVOLVE_NEXTWORK"):
         out["EVOLVE_NEXTWORK"] = str(paths.nextwork)
+    for key in ("LANG", "LANGUAGE", *sorted(k for k in env if re.fullmatch(r"LC_[A-Z_]+", k)), "TZ"):
+        if env.get(key):
+            out[key] = env[key]
     return out
 
 
@@ -249,11 +216,11 @@ def run(args: argparse.Namespace) -> int:
     name = args.name or re.sub(r"[^A-Za-z0-9_.:-]", "_", repo.name) or "repo"
     if not re.fullmatch(r"[A-Za-z0-9_.:-]+", name):
         raise UsageError(f"--name {name!r}: use letters, digits and _ . : - only")
-    evolve = _evolve_command()
+    evolve = deploy.evolve_command()
     env = dict(os.environ)
     k8s = args.kind == "kubernetes"
     fire_path, dropped = _fire_path(args, repo, evolve, env)
-    extra_env = {} if k8s else _state_env(paths, env)
+    extra_env = {} if k8s else _carried_env(paths, env)
     if args.daemon and args.schedule is not None:
         # The daemon reads its schedule from config; --schedule goes in as the env layer, above the file.
         extra_env["EVOLVE_SCHEDULE_CRON"] = expr
