@@ -241,8 +241,9 @@ CRON_DEFAULT_PATH = "/usr/bin:/bin"  # what cron gives a job whose line and cron
 
 
 def unit_fire_path(text: str) -> tuple[str | None, str | None]:
-    """``(WorkingDirectory, PATH)`` of a unit file as systemd reads what :func:`systemd_units` writes
-    (quoted words, ``%%``); None for either that it does not set or that does not parse."""
+    """``(WorkingDirectory, PATH)`` of a unit file (its drop-ins appended: the last setting wins, an empty
+    ``Environment=`` clears) as systemd reads what :func:`systemd_units` writes (quoted words, ``%%``);
+    None for either that it does not set or that does not parse."""
     workdir = path = None
     for line in text.split("\n"):
         # systemd strips ASCII blanks only: a path may end in a no-break space.
@@ -252,6 +253,9 @@ def unit_fire_path(text: str) -> tuple[str | None, str | None]:
         if key.strip(" \t") == "WorkingDirectory":
             workdir = value.strip(" \t").replace("%%", "%") or None
         elif key.strip(" \t") == "Environment":
+            if not value.strip(" \t"):
+                path = None
+                continue
             try:
                 words = shlex.split(value)
             except ValueError:

@@ -370,10 +370,14 @@ def _scheduled_paths(paths: Any, env: Mapping[str, str], unit_dirs: tuple[Path, 
     found: list[tuple[str, str]] = []
     for d in unit_dirs:
         for unit in sorted([*d.glob("evolve@*.service"), *d.glob("evolve-daemon@*.service")]):
+            # The unit, then the template's drop-ins and its own (`systemctl edit`), as systemd reads them.
+            template = unit.name.split("@", 1)[0] + "@.service.d"
+            confs = [c for dd in (d / template, d / f"{unit.name}.d") for c in sorted(dd.glob("*.conf"))]
             try:
-                workdir, path = unit_fire_path(unit.read_text(encoding="utf-8", errors="replace"))
+                text = "\n".join(f.read_text(encoding="utf-8", errors="replace") for f in (unit, *confs))
             except OSError:
                 continue
+            workdir, path = unit_fire_path(text)
             if workdir is not None and path is not None and os.path.normpath(workdir) == repo:
                 found.append((str(unit), path))
     lines = crontab_lines(env)

@@ -254,6 +254,12 @@ def test_scheduled_path_check_reads_only_this_repositorys_units(env: Env, tmp_pa
     paths = Paths.for_repo(env.repo, env=env.env())
     got = doctor._scheduled_paths(paths, env.env(PATH="/usr/bin:/bin"), unit_dirs=(units,), cron_d=tmp_path)
     assert got == [(str(units / "evolve@repo.service"), "/opt/50% off/bin:/usr/bin:/bin")]
+    # A drop-in (`systemctl edit evolve@repo.service`) sets PATH last: that is what the fire gets.
+    (units / "evolve@repo.service.d").mkdir()
+    (units / "evolve@repo.service.d" / "override.conf").write_text("[Service]\nEnvironment=\n"
+                                                                   "Environment=PATH=/srv/tc/bin:/usr/bin\n")
+    got = doctor._scheduled_paths(paths, env.env(PATH="/usr/bin:/bin"), unit_dirs=(units,), cron_d=tmp_path)
+    assert got == [(str(units / "evolve@repo.service"), "/srv/tc/bin:/usr/bin")]
     env.write_config(gate={"commands": [["sh", "-c", "true"]]})
     (f,) = doctor.check_scheduled_path(load(paths.config, env.env()), paths, env.env(PATH="/usr/bin:/bin"),
                                        unit_dirs=(units,), cron_d=tmp_path)
