@@ -1,5 +1,7 @@
 """Fills the deploy templates: generic ones for `deploy/`, concrete ones for `evolve install` (pure, no I/O).
 
+Apart from the renderers: :func:`evolve_command` and :func:`shell_fire_path` look at this environment
+(which evolve runs, what PATH `install` would render; ``evolve doctor`` compares the latter), and
 ``python -m evolve.deploy DIR`` rewrites the generic files under DIR (the repository's ``deploy/``).
 """
 
@@ -9,7 +11,7 @@ import math
 import re
 import shlex
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -19,6 +21,13 @@ from evolve.config import Config
 from evolve.errors import UsageError
 
 GENERIC_PATH = "%h/.local/bin:/usr/local/bin:/usr/bin:/bin"
+# What every rendered PATH ends with when it lacks them: cron's `flock` and `sh` live there.
+SYSTEM_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
+# The image (Containerfile): evolve in its own virtualenv, run by this absolute path; that venv's bin is
+# never on the pod's PATH, which is the image's toolchain: the Claude CLI (the with-claude target) and
+# the system directories (the base image's python3, git).
+IMAGE_EVOLVE = "/opt/evolve/bin/evolve"
+IMAGE_PATH = "/opt/claude/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # The user the Containerfile creates and runs as; the CronJob's securityContext must name the same one.
 CONTAINER_UID = 10001
 NEED_IMAGE = ("kubernetes needs --image: build the image from the repository's Containerfile and push it "
@@ -82,7 +91,7 @@ class Target:
     repo: str  # absolute path, or "%f" (the unescaped instance path) in the generic units
     state_dir: str  # evolve's state directory (EVOLVE_DIR), absolute
     evolve: tuple[str, ...]  # the argv that runs evolve (argv[0] absolute outside the generic templates)
-    path: str  # PATH for the fire: evolve's and the agent's directories first
+    path: str  # PATH for the fire, so for the gate and the agent: scheduled_path(), or --path
     home: str  # "%h" in the generic units
     cron: str  # schedule.cron
     timezone: str = "UTC"
@@ -96,6 +105,9 @@ class Target:
     git_url: str = ""
     config_toml: str = ""  # kubernetes: the repository's config.toml, for the ConfigMap (any text: YAML-escaped)
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    # Directories besides the repository and the state directory that the config makes evolve write
+    # ([metrics] textfile_dir, the queue's directory, [git] worktree_dir's parent): ReadWritePaths=.
+    rw_paths: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         """Every value that goes into a file is checked here, so no renderer can forget one (issue 13)."""
@@ -104,6 +116,7 @@ class Target:
                  ("schedule.timezone", self.timezone), ("user", self.user or ""), ("--image", self.image)]
         texts += [(f"evolve command word {i}", w) for i, w in enumerate(self.evolve)]
         texts += [(f"environment {k!r}", f"{k}={v}") for k, v in self.extra_env.items()]
+        texts += [("writable directory", p) for p in self.rw_paths]
         for label, value in texts:
             check_text(label, value)
         check_text("git remote origin URL", self.git_url, show=False)
@@ -119,7 +132,8 @@ class Target:
         if not self.generic:
             # Relative paths would be read against whatever directory cron or systemd starts in.
             for label, value in (("repository path", self.repo), ("state directory", self.state_dir),
-                                 ("home directory", self.home), ("evolve command", self.evolve[0])):
+                                 ("home directory", self.home), ("evolve command", self.evolve[0]),
+                                 *(("writable directory", p) for p in self.rw_paths)):
                 if not value.startswith("/"):
                     raise UsageError(f"{label} {shown(value)}: an absolute path is needed")
 
@@ -129,6 +143,141 @@ def fill(template: str, values: Mapping[str, object]) -> str:
         return str(values[m.group(1)])
 
     return _PLACEHOLDER.sub(sub, template)
+
+
+@dataclass(frozen=True)
+class ScheduledPath:
+    """The PATH a scheduled fire gets, and what of the operator's was left out and why."""
+
+    value: str
+    dropped: tuple[tuple[str, str], ...] = ()  # (entry, why)
+    added: tuple[str, ...] = ()
+
+
+OWN_VENV = "evolve's own virtualenv (evolve runs by its absolute path)"
+RELATIVE = "relative (cron and systemd start in the repository, the gate in the agent's worktree)"
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def scheduled_path(shell_path: str, evolve_bins: Iterable[str], repo: str,
+                   real: Callable[[str], str] = lambda p: p) -> ScheduledPath:
+    """The PATH for the rendered units: the operator's at install time, so a scheduled gate finds the
+    programs a hand-run one does (pure; ``real`` canonicalizes a directory for comparisons).
+
+    Left out: relative entries, duplicates, and evolve's own virtualenv's ``bin`` (``evolve_bins``),
+    whose ``python`` would shadow the project's: evolve itself is started by its absolute path. A
+    virtualenv inside the repository is the project's own (evolve installed into it), so it stays,
+    as it does for a hand-run fire. The system directories are appended when missing (cron's line
+    runs ``flock``).
+    """
+    own = {real(b) for b in evolve_bins if not _inside(real(b), real(repo))}
+    kept: list[str] = []
+    dropped: list[tuple[str, str]] = []
+    for entry in shell_path.split(":"):
+        if not entry.startswith("/"):
+            if entry:
+                dropped.append((entry, RELATIVE))
+            continue
+        if entry in kept:
+            continue
+        if real(entry) in own:
+            dropped.append((entry, OWN_VENV))
+            continue
+        kept.append(entry)
+    added = tuple(d for d in SYSTEM_PATH if d not in kept)
+    return ScheduledPath(":".join([*kept, *added]), tuple(dropped), added)
+
+
+def evolve_command() -> tuple[str, ...]:
+    """This environment's ``evolve`` argv (the script next to the running interpreter), never a PATH lookup
+    at fire time. An argv, not a string: the renderers quote each word for their format."""
+    import os
+    import shutil
+
+    beside = Path(sys.executable).parent / "evolve"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return (str(beside),)
+    found = shutil.which("evolve")
+    if found:
+        return (str(Path(found).resolve()),)
+    return (sys.executable, "-m", "evolve")
+
+
+def evolve_bins(evolve: tuple[str, ...]) -> list[str]:
+    """evolve's own virtualenv(s): the running interpreter's, and the one the evolve command is the
+    console script of (``<venv>/bin/evolve``, through a link such as pipx's ``~/.local/bin/evolve``)."""
+    out = [str(Path(sys.prefix) / "bin")] if sys.prefix != sys.base_prefix else []
+    script = Path(evolve[0]).resolve()
+    if (script.parent.parent / "pyvenv.cfg").is_file():
+        out.append(str(script.parent))
+    return out
+
+
+def shell_fire_path(repo: Path, env: Mapping[str, str]) -> str:
+    """What `evolve install systemd|cron` renders as PATH from this environment."""
+    import os
+
+    return scheduled_path(env.get("PATH") or os.defpath, evolve_bins(evolve_command()), str(repo),
+                          real=os.path.realpath).value
+
+
+def check_path_override(value: str) -> str:
+    """``--path``: used as given, but every entry absolute (a relative one would be read against the
+    repository or the worktree, which the agent controls)."""
+    check_text("--path", value)
+    entries = value.split(":")
+    bad = next((e for e in entries if not e.startswith("/")), None)
+    if bad is not None:
+        raise UsageError(f"--path {shown(value)}: entry {bad!r} is not an absolute directory")
+    return value
+
+
+# -- reading an installed rendering back (for `evolve doctor`) ---------------------------------------
+
+CRON_DEFAULT_PATH = "/usr/bin:/bin"  # what cron gives a job whose line and crontab set no PATH
+
+
+def unit_fire_path(text: str) -> tuple[str | None, str | None]:
+    """``(WorkingDirectory, PATH)`` of a unit file (its drop-ins appended: the last setting wins, an empty
+    ``Environment=`` clears) as systemd reads what :func:`systemd_units` writes (quoted words, ``%%``);
+    None for either that it does not set or that does not parse."""
+    workdir = path = None
+    for line in text.split("\n"):
+        # systemd strips ASCII blanks only: a path may end in a no-break space.
+        key, sep, value = line.strip(" \t").partition("=")
+        if not sep:
+            continue
+        if key.strip(" \t") == "WorkingDirectory":
+            workdir = value.strip(" \t").replace("%%", "%") or None
+        elif key.strip(" \t") == "Environment":
+            if not value.strip(" \t"):
+                path = None
+                continue
+            try:
+                words = shlex.split(value)
+            except ValueError:
+                continue
+            for w in words:
+                if w.startswith("PATH="):
+                    path = w.removeprefix("PATH=").replace("%%", "%")
+    return workdir, path
+
+
+def cron_fire_path(line: str, variables: list[str] | tuple[str, ...] = ()) -> str:
+    """The PATH a crontab job line runs with: its own ``PATH=`` word (what :func:`crontab` writes, ``\\%``
+    read as ``%``), else the crontab's last ``PATH=`` setting among ``variables``, else cron's default."""
+    try:
+        words = shlex.split(line.replace("\\%", "%"))
+    except ValueError:
+        words = []
+    for w in words:
+        if w.startswith("PATH="):
+            return w.removeprefix("PATH=")
+    settings = [v.split("=", 1)[1].strip().strip("\"'") for v in variables if v.strip().startswith("PATH=")]
+    return settings[-1] if settings else CRON_DEFAULT_PATH
 
 
 def runtime_cap_s(cfg: Config) -> int:
@@ -192,19 +341,38 @@ PRIVATE_TMP_OFF = ("# No PrivateTmp: this repository is under /tmp or /var/tmp, 
 
 
 def private_tmp(t: Target) -> str:
-    """``PrivateTmp=yes`` unless the repository or the state directory lives in /tmp or /var/tmp: the
-    service's own empty ones would hide it, and systemd fails the unit on its ReadWritePaths=."""
-    hidden = any(p == d or p.startswith(d + "/") for p in (t.repo, t.state_dir) for d in ("/tmp", "/var/tmp"))
+    """``PrivateTmp=yes`` unless a directory the fire writes (the repository, the state directory, a
+    configured one) lives in /tmp or /var/tmp: the service's own empty ones would hide it, and systemd
+    fails the unit on its ReadWritePaths=."""
+    hidden = any(_inside(p, d) for p in (t.repo, t.state_dir, *t.rw_paths) for d in ("/tmp", "/var/tmp"))
     return PRIVATE_TMP_OFF if hidden and not t.generic else "PrivateTmp=yes"
+
+
+def writable(t: Target) -> list[str]:
+    """ReadWritePaths= of the units, unquoted: the repository (it must exist), the state directory when
+    outside it, then each configured directory not already under one of those, prefixed ``-`` (a
+    missing one does not stop the unit; the fire reports what it could not write), then the agent's
+    own config. With PrivateTmp off (a repository under /tmp) the real /tmp and /var/tmp stay
+    writable, as they are to a hand-run fire: the gate's and the agent's temporary files go there."""
+    roots = [t.repo]
+    if not _inside(t.state_dir, t.repo):
+        roots.append(t.state_dir)
+    out = list(roots)
+    for p in t.rw_paths:
+        if not any(_inside(p, r) for r in roots):
+            roots.append(p)
+            out.append("-" + p)
+    if private_tmp(t) != "PrivateTmp=yes":
+        out += ["-/tmp", "-/var/tmp"]
+    return [*out, f"-{t.home}/.claude", f"-{t.home}/.claude.json"]
 
 
 def _unit_ctx(t: Target) -> dict[str, object]:
     g = t.generic
     word = (lambda v: v) if g else _sd_word
     raw = (lambda v: v) if g else _sd_raw
-    rw = [word(t.repo), word(f"-{t.home}/.claude"), word(f"-{t.home}/.claude.json")]
-    if not g and not (t.state_dir + "/").startswith(t.repo + "/"):
-        rw.insert(1, word(t.state_dir))
+    rw = [word(t.repo), word(f"-{t.home}/.claude"), word(f"-{t.home}/.claude.json")] if g else \
+        [word(p) for p in writable(t)]
     if t.user_mode:
         user = ""
     elif g:
@@ -219,6 +387,7 @@ def _unit_ctx(t: Target) -> dict[str, object]:
         "repo_text": t.repo,
         "repo_desc": raw(t.repo),
         "repo_dir": raw(t.repo),
+        "path_note": tpl.PATH_NOTE,
         "path_env": word(f"PATH={t.path}"),
         "exec_fire": _sd_exec([*t.evolve, "--repo", t.repo, "fire"], g),
         "exec_daemon": _sd_exec([*t.evolve, "--repo", t.repo, "daemon"], g),
@@ -273,8 +442,10 @@ def crontab(t: Target, *, system: bool = False) -> dict[str, str]:
     sh = (lambda v: v) if t.generic else _cron_word  # the generic file shows `$HOME` for the reader to edit
     state = t.state_dir
     evolve = " ".join(sh(w) for w in t.evolve)
+    # Each assignment one shell word (`NAME='value'`): the environment flock and so evolve start with.
+    assigns = "".join(f"{k}={sh(v)} " for k, v in {"PATH": t.path, **t.extra_env}.items())
     command = (
-        f"cd {sh(t.repo)} && mkdir -p {sh(state)} && PATH={sh(t.path)} "
+        f"cd {sh(t.repo)} && mkdir -p {sh(state)} && {assigns}"
         f"flock -n -E 75 {sh(state + '/cron.lock')} {evolve} fire >> {sh(state + '/cron.log')} 2>&1"
     )
     ctx = {
@@ -283,6 +454,7 @@ def crontab(t: Target, *, system: bool = False) -> dict[str, str]:
         "timezone": t.timezone,
         "schedule": cronexpr.crontab_schedule(spec),
         "cron_user": f"{t.user or 'root'} " if system else "",  # _USER: no whitespace, no "%"
+        "path_note": tpl.PATH_NOTE,
         "command": command,
     }
     text = fill(tpl.CRONTAB, ctx)
@@ -354,6 +526,8 @@ def kubernetes(t: Target) -> dict[str, str]:
         "active_deadline": t.runtime_cap_s,
         "termination_grace": int(t.grace_s) + 15,
         "image": yaml_str(t.image),
+        "evolve": IMAGE_EVOLVE,  # a fixed path of the image (no quoting needed: the test checks it)
+        "path": yaml_str(t.path),
         "git_url": yaml_str(t.git_url or "https://git.example.com/you/repo.git"),
         "config_toml": yaml_block(t.config_toml or GENERIC_CONFIG, indent=4),
         "uid": CONTAINER_UID,
@@ -390,6 +564,11 @@ def generic_targets(cfg: Config | None = None) -> tuple[Target, Target]:
     return base, cron
 
 
+def kubernetes_target(t: Target) -> Target:
+    """The generic crontab target as the CronJob template wants it: the pod's PATH (the image's)."""
+    return replace(t, path=IMAGE_PATH)
+
+
 def generic_files() -> dict[str, str]:
     """``{path under deploy/: text}`` for every template file (README.md is written by hand)."""
     units, cron = generic_targets()
@@ -399,7 +578,7 @@ def generic_files() -> dict[str, str]:
         for daemon in (False, True):
             out.update({prefix + k: v for k, v in systemd_units(t, daemon=daemon).items()})
     out.update({"cron/" + k: v for k, v in crontab(cron).items()})
-    out.update({"kubernetes/" + k: v for k, v in kubernetes(cron).items()})
+    out.update({"kubernetes/" + k: v for k, v in kubernetes(kubernetes_target(cron)).items()})
     return out
 
 

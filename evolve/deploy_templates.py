@@ -4,6 +4,13 @@
 place (a comment, a raw value, an ExecStart= word); everything else is literal.
 """
 
+# Above the PATH each rendering sets (docs/DESIGN.md §9, README "Triggers").
+PATH_NOTE = """\
+# PATH: where the gate and the agent find their programs, as a hand-run fire does: `evolve install` renders
+# the PATH of the shell it ran in, less evolve's own virtualenv (evolve runs by its absolute path);
+# `evolve install ... --path DIRS` sets another.
+"""
+
 FIRE_SERVICE = """\
 # evolve: one fire (what `evolve fire` does) against a repository; started by evolve@{{instance}}.timer.
 {{rendered_note}}[Unit]
@@ -12,8 +19,8 @@ Description=evolve: one fire against {{repo_desc}}
 [Service]
 Type=oneshot
 {{user}}WorkingDirectory={{repo_dir}}
-Environment={{path_env}}
-ExecStart={{exec_fire}}
+{{path_note}}Environment={{path_env}}
+{{extra_env}}ExecStart={{exec_fire}}
 # 75: busy, rate-limited, try later; 143: stopped mid-cycle after recording `interrupted`.
 SuccessExitStatus=75 143
 # Type=oneshot has no start timeout by default: a hung agent must not block every later tick.
@@ -21,8 +28,8 @@ TimeoutStartSec={{timeout_start}}
 # The agent's whole process tree goes on stop or timeout: no orphaned agent keeps editing the repo.
 KillMode=control-group
 SyslogIdentifier=evolve
-# Sandbox, inherited by the agent: no sudo, a read-only system, writes only to the repository and the
-# agent's own config.{{sandbox_note}}
+# Sandbox, inherited by the agent: no sudo, a read-only system, writes only to the repository, evolve's
+# state and the directories the config names ([metrics] textfile_dir...), and the agent's own config.{{sandbox_note}}
 {{sandbox}}"""
 
 # `systemd-analyze security` review (see deploy/README.md): everything an agent loop does not need is
@@ -82,7 +89,7 @@ StartLimitBurst=5
 Type=notify
 NotifyAccess=main
 {{user}}WorkingDirectory={{repo_dir}}
-Environment={{path_env}}
+{{path_note}}Environment={{path_env}}
 {{extra_env}}ExecStart={{exec_daemon}}
 # The daemon pings at half this from its scheduler loop; a stuck loop is killed and restarted.
 WatchdogSec=60
@@ -107,7 +114,7 @@ CRONTAB = """\
 # cd's into the repo; the outer flock (its own file, not evolve's fire.lock) skips a tick while the last
 # one runs (exit 75), and evolve's own lock guards against every other trigger anyway. Times are cron's
 # local time (schedule.timezone {{timezone}} applies to the daemon and systemd only). Logs: JSON lines.
-{{schedule}} {{cron_user}}{{command}}  # evolve:{{name}}
+{{path_note}}{{schedule}} {{cron_user}}{{command}}  # evolve:{{name}}
 """
 
 KUBERNETES = """\
@@ -117,6 +124,13 @@ KUBERNETES = """\
 # The image: build it from the repository's Containerfile and push it (deploy/README.md, "Kubernetes").
 # The config: the ConfigMap below is the repository's .agents/evolve/config.toml (git-ignored, so no clone
 # has it); every Job copies it into the clone. Change it here and `kubectl apply` again.
+# The toolchain: every fire, so the gate and the agent, runs on the PATH given to the evolve container
+# below, never on evolve's own virtualenv (evolve runs as {{evolve}}).
+# The gate finds the project's tools only if they are there: build the image on your project's own
+# toolchain image (Debian-based, Python >= 3.11: podman build --build-arg PYTHON_IMAGE=...;
+# deploy/README.md) and put its directories on that PATH (`evolve install kubernetes --path ...`), or
+# have [workspace] setup install them into the worktree on the volume (e.g. python3 -m venv .venv, then
+# .venv/bin/pip install -e .) with [workspace] path naming the directory (.venv/bin): the fire puts it first.
 apiVersion: v1
 kind: ConfigMap
 metadata:
@@ -213,7 +227,7 @@ spec:
                   # sh is PID 1: forward SIGTERM to evolve (it interrupts the agent and records `interrupted`),
                   # and count 75 (busy, rate-limited) as a skipped tick, not a failed Job.
                   trap 'kill -TERM $pid 2>/dev/null' TERM INT
-                  evolve --repo /work/repo fire & pid=$!
+                  {{evolve}} --repo /work/repo fire & pid=$!
                   wait $pid; rc=$?
                   while kill -0 $pid 2>/dev/null; do wait $pid; rc=$?; done
                   [ $rc -eq 75 ] && rc=0
@@ -221,6 +235,9 @@ spec:
               env:
                 - name: HOME
                   value: /work/home
+                # What every fire, its gate and its agent find programs on (the toolchain: see the top).
+                - name: PATH
+                  value: {{path}}
               envFrom:
                 # The agent's credentials (e.g. ANTHROPIC_API_KEY); never in this file.
                 - secretRef:

@@ -4,8 +4,9 @@ Checks: the repository is git; the config is valid; the agent binary is found an
 for Claude Code, credentials exist and ``CLAUDECODE`` is unset); the work tracker; the state
 directory is writable and on a local filesystem (NFS and other network filesystems break the fire
 lock); halt markers; the repository's own program-valued git keys (approved or pinned) and whether the
-last fire could make its workspace; autocompact; the schedule (daemon, systemd timer or crontab).
-Exit 1 when any check FAILs, else 0. ``--trust-git-config`` approves the repository's git keys first.
+last fire could make its workspace; autocompact; the schedule (daemon, systemd timer or crontab), and
+whether the gate's programs resolve under a scheduled fire's PATH as in this shell. Exit 1 when any
+check FAILs, else 0. ``--trust-git-config`` approves the repository's git keys first.
 """
 
 from __future__ import annotations
@@ -356,6 +357,102 @@ def check_schedule(paths: Any, env: Mapping[str, str]) -> Finding:
                    "evolve install systemd --user (or cron), or run `evolve daemon`; `evolve fire` by hand works too")
 
 
+def _scheduled_paths(paths: Any, env: Mapping[str, str], unit_dirs: tuple[Path, ...] | None = None,
+                     cron_d: Path = Path("/etc/cron.d")) -> list[tuple[str, str]]:
+    """``(where, PATH)`` of each installed trigger for this repository, read from its file: the systemd
+    units (user and system) whose WorkingDirectory= is the repository, its crontab line, its ``cron.d``
+    file. Reading files only (and ``crontab -l``): cheap enough for every doctor run."""
+    from evolve.deploy import cron_fire_path, unit_fire_path
+    from evolve.status.schedule import cron_line_for, crontab_lines
+
+    repo = str(paths.repo)
+    if unit_dirs is None:
+        config = Path(env.get("XDG_CONFIG_HOME") or Path(env.get("HOME") or Path.home()) / ".config")
+        unit_dirs = (config / "systemd" / "user", Path("/etc/systemd/system"))
+    found: list[tuple[str, str]] = []
+    for d in unit_dirs:
+        for unit in sorted([*d.glob("evolve@*.service"), *d.glob("evolve-daemon@*.service")]):
+            # The unit, then the template's drop-ins and its own (`systemctl edit`), as systemd reads them.
+            template = unit.name.split("@", 1)[0] + "@.service.d"
+            confs = [c for dd in (d / template, d / f"{unit.name}.d") for c in sorted(dd.glob("*.conf"))]
+            try:
+                text = "\n".join(f.read_text(encoding="utf-8", errors="replace") for f in (unit, *confs))
+            except OSError:
+                continue
+            workdir, path = unit_fire_path(text)
+            if workdir is not None and path is not None and os.path.normpath(workdir) == repo:
+                found.append((str(unit), path))
+    lines = crontab_lines(env)
+    line = cron_line_for(lines, repo)
+    if line is not None:
+        found.append(("your crontab", cron_fire_path(line, [ln for ln in lines if "=" in ln.split()[0]])))
+    for f in sorted(cron_d.glob("evolve-*")):
+        try:
+            text = [ln for ln in f.read_text(encoding="utf-8", errors="replace").splitlines()
+                    if ln.strip() and not ln.lstrip().startswith("#")]
+        except OSError:
+            continue
+        line = cron_line_for(text, repo)
+        if line is not None:
+            found.append((str(f), cron_fire_path(line, [ln for ln in text if "=" in ln.split()[0]])))
+    return found
+
+
+def _program(name: str, path: str) -> str | None:
+    """Where ``name`` resolves on ``path``, its directory canonical (a venv's ``python`` is a link to the
+    system one, and must stay told apart from it; ``/bin`` and ``/usr/bin`` may be one directory)."""
+    found = shutil.which(name, path=path)
+    return None if found is None else os.path.join(os.path.realpath(os.path.dirname(found)), os.path.basename(found))
+
+
+def check_scheduled_path(cfg: Any, paths: Any, env: Mapping[str, str], **where: Any) -> list[Finding]:
+    """The PATH a scheduled fire gets against this shell's: a gate program (or the agent) that resolves to
+    another program under the two is a gate green by hand and red on schedule (issue 22). The PATH is the
+    installed unit's or crontab line's, else what `evolve install` would render from this shell."""
+    sources = _scheduled_paths(paths, env, **where)
+    if not sources:
+        from evolve.deploy import shell_fire_path
+
+        sources = [("what `evolve install systemd|cron` would render", shell_fire_path(paths.repo, env))]
+    roles = {argv[0]: "gate program" for argv in cfg.gate.commands if argv and "/" not in argv[0]}
+    agent = cfg.agent.argv[0] if cfg.agent.runner != "http" and cfg.agent.argv else ""
+    if agent and "/" not in agent:
+        roles.setdefault(agent, "agent")
+    # Under either trigger the fire puts [workspace] path (directories of the agent's tree) first.
+    if cfg.git.isolation == "none":
+        tree = paths.repo
+    else:
+        tree = paths.repo / Path(cfg.git.worktree_dir).expanduser() if cfg.git.worktree_dir \
+            else paths.evolve_dir / "worktree"
+    first = [str(tree / d) for d in cfg.workspace.path]
+    shell = env.get("PATH") or os.defpath
+    fix = ("run `evolve install ...` again from the shell whose gate is green (it renders that PATH), or pass "
+           "--path; or name the program by its absolute path in [gate] commands / [agent] argv")
+    out: list[Finding] = []
+    same: list[str] = []
+    for source, scheduled in dict.fromkeys(sources):
+        for name, role in roles.items():
+            here = _program(name, ":".join([*first, shell]))
+            there = _program(name, ":".join([*first, scheduled]))
+            if here == there and here is not None:
+                same.append(f"{name!r} ({here})")
+                continue
+            if here == there and role == "agent":  # found nowhere: the agent check says so
+                continue
+            if here == there:
+                out.append(Finding("sched PATH", WARN, f"{role} {name!r} is on neither this shell's PATH nor a "
+                                   f"scheduled fire's ({source}): the gate cannot start",
+                                   "install it, or fix [gate] commands"))
+                continue
+            msg = (f"{role} {name!r}: a scheduled fire runs {there or 'nothing (not found)'}, this shell "
+                   f"{here or 'nothing (not found)'} (PATH from {source}: {scheduled})")
+            out.append(Finding("sched PATH", WARN, msg, fix))
+    if not out:
+        what = "same as this shell: " + ", ".join(dict.fromkeys(same)) if same else "no gate program to compare"
+        out.append(Finding("sched PATH", OK, f"{what} (PATH from {sources[0][0]})"))
+    return out
+
+
 def check_schedule_config(cfg: Any) -> list[Finding]:
     """``schedule.cron`` and ``schedule.timezone`` as the daemon and ``evolve install`` will read them.
 
@@ -573,6 +670,7 @@ def diagnose(repo: Path, env: Mapping[str, str]) -> list[Finding]:
     if claude:
         findings.append(check_autocompact(snap.autocompact if snap is not None else {}))
     findings.append(check_schedule(paths, env))
+    findings += check_scheduled_path(cfg, paths, env)
     return findings
 
 

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -27,8 +28,10 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 from support import Env, entry, git, improved_step, jsonl, results
+from test_install import operator_toolchain, probe_gate, probed
 
 from evolve import deploy
+from evolve.metrics import textfile_name
 from evolve.paths import Paths
 
 ROOT = Path(__file__).parents[1]
@@ -167,9 +170,15 @@ def container_script(container: dict) -> str:
 
 def test_kubernetes_job_scripts_clone_install_the_config_and_fire(env: Env, cli, tmp_path: Path) -> None:
     """The init container's clone has no `.agents/` (git-ignored): the config arrives from the ConfigMap,
-    and the main container's fire then runs the configured agent, not the defaults (claude, not installed)."""
+    and the main container's fire then runs the configured agent, not the defaults (claude, not installed).
+    The gate runs on the PATH the manifest gives the container (here a toolchain's, by --path), not on
+    evolve's own virtualenv: it imports what only that toolchain has."""
     env.write_config(fire={"max_cycles": 1})
-    text = rendered(env, cli)
+    record = tmp_path / "gate-probe.json"
+    probe_gate(env, record)
+    venv = operator_toolchain(tmp_path)
+    pod_path = f"{venv}/bin:/usr/bin:/bin"
+    text = rendered(env, cli, "--path", pod_path)
     configmap = by_kind(text)["ConfigMap"]["data"]
     pod = pod_of(text)
 
@@ -181,9 +190,10 @@ def test_kubernetes_job_scripts_clone_install_the_config_and_fire(env: Env, cli,
 
     def run(script: str, container: dict) -> subprocess.CompletedProcess[bytes]:
         script = script.replace("/work", str(work)).replace("/etc/evolve", str(etc))
+        script = script.replace(deploy.IMAGE_EVOLVE, EVOLVE)  # the image's evolve, by its absolute path
         values = {e["name"]: e["value"].replace("/work", str(work)) for e in container["env"]}
         values["EVOLVE_GIT_URL"] = str(env.repo)  # the origin the manifest names, here a local one
-        run_env = env.env(PATH=f"{Path(EVOLVE).parent}:/usr/bin:/bin", **values)
+        run_env = env.env(**{"PATH": "/usr/bin:/bin", **values})  # the manifest's PATH, where it sets one
         return subprocess.run(["sh", "-c", script], env=run_env, capture_output=True, timeout=120)
 
     init = pod["initContainers"][0]
@@ -209,6 +219,28 @@ def test_kubernetes_job_scripts_clone_install_the_config_and_fire(env: Env, cli,
     assert sha and git(clone, "cat-file", "-t", sha).strip() == "commit"
     assert not (clone / ".git" / "index.lock").exists()
     assert git(clone, "status", "--porcelain").strip() == ""
+    assert {"name": "PATH", "value": pod_path} in main["env"]
+    gate = probed(record)
+    assert gate["prefix"] == str(venv) and gate["env"]["PATH"] == pod_path
+
+
+def test_the_pod_runs_evolve_by_its_path_and_fires_on_the_images_toolchain(env: Env, cli) -> None:
+    """By default the pod's PATH is the image's less evolve's virtualenv, said in the manifest; evolve is
+    started by its absolute path in the image, which the Containerfile puts there (and not on PATH)."""
+    for text in (rendered(env, cli), (ROOT / "deploy" / "kubernetes" / "cronjob.yaml").read_text()):
+        main = pod_of(text)["containers"][0]
+        assert {"name": "PATH", "value": deploy.IMAGE_PATH} in main["env"]
+        assert "/opt/evolve" not in deploy.IMAGE_PATH
+        assert f"{deploy.IMAGE_EVOLVE} --repo /work/repo fire" in container_script(main)
+        header = "".join(ln for ln in text.splitlines(keepends=True) if ln.startswith("#"))
+        assert "The toolchain:" in header and "[workspace] setup" in header and "--path" in header
+    r = cli("install", "kubernetes", "--print", "--image", "r/evolve:1")
+    assert f"PATH in the pod (their gate and agent): {deploy.IMAGE_PATH}" in r.stderr
+    # The image: evolve's venv is where the manifest runs it from, and its bin is not on the image's PATH.
+    lines = [ln for _, ls in stages() for ln in ls]
+    venv = str(Path(deploy.IMAGE_EVOLVE).parent.parent)
+    assert any(ln.startswith("RUN ") and f"-m venv {venv}" in ln for ln in lines)
+    assert not [ln for ln in lines if ln.startswith("ENV ") and f"{venv}/bin" in ln]
 
 
 # -- the Containerfile ---------------------------------------------------------------------------------
@@ -313,8 +345,14 @@ def test_cron_daemon_fires_the_rendered_line_into_the_ledger(env: Env, cli, tmp_
     cron = cron_prerequisites()
     env.queue(entry("a", "b"))
     env.write_config(fire={"max_cycles": 1})
+    # The gate needs the operator's own python, first on the PATH install ran with (evolve's venv is not).
+    record = env.repo / ".agents" / "gate-probe.json"
+    probe_gate(env, record)
+    venv = operator_toolchain(tmp_path)
+    shell_path = f"{venv}/bin:/usr/local/bin:/usr/bin:/bin"
     # A name with a dot: Debian's cron skips /etc/cron.d files named so, and the file name must not carry it.
-    r = cli("install", "cron", "--print", "--schedule", "* * * * *", "--name", "my.app")
+    r = cli("install", "cron", "--print", "--schedule", "* * * * *", "--name", "my.app",
+            extra_env={"PATH": shell_path})
     assert r.code == 0, r.stderr
     assert r.stdout.startswith("# evolve-my_app\n")
     rendered_file = r.stdout.split("\n", 1)[1]
@@ -356,10 +394,13 @@ def test_cron_daemon_fires_the_rendered_line_into_the_ledger(env: Env, cli, tmp_
              lambda: subprocess.run(["flock", "-n", cron_lock, "true"]).returncode == 0)
 
     ledger = env.ledger()
-    assert ledger and set(results(ledger)) == {"improved"}
+    assert ledger and set(results(ledger)) == {"improved"}, ledger
     for e in ledger:
         sha = e.get("sha")
         assert sha and git(env.repo, "cat-file", "-t", sha).strip() == "commit"
+    gate = probed(record)
+    assert gate["prefix"] == str(venv), gate["executable"]  # the operator's python, not evolve's
+    assert gate["env"]["PATH"] == shell_path
     events = [orjson.loads(ln)["event"] for ln in log.read_bytes().splitlines() if ln.startswith(b"{")]
     assert "fire.start" in events and "fire.end" in events
     assert not (env.repo / ".git" / "index.lock").exists()
@@ -406,6 +447,28 @@ done
 """
 
 
+OUTSIDE: list[Path] = []
+
+
+def outside_tmp_dir() -> Path:
+    """A fresh directory outside /tmp and /var/tmp (which the units leave writable when PrivateTmp is off):
+    only ReadWritePaths= can make it writable to the sandboxed fire. Removed after the test."""
+    import tempfile
+
+    base = Path("/var/lib/evolve-tests")
+    base.mkdir(parents=True, exist_ok=True)
+    d = Path(tempfile.mkdtemp(prefix="metrics-", dir=base))
+    OUTSIDE.append(d)
+    return d
+
+
+@pytest.fixture(autouse=True)
+def _remove_outside_dirs() -> Iterator[None]:
+    yield
+    while OUTSIDE:
+        shutil.rmtree(OUTSIDE.pop(), ignore_errors=True)
+
+
 def systemd_prerequisites() -> str:
     def missing(why: str) -> None:
         if os.environ.get("CI"):
@@ -434,17 +497,26 @@ def unit_state(path: Path) -> dict[str, str]:
 def test_systemd_user_timer_fires_the_rendered_units_into_the_ledger(env: Env, cli, tmp_path: Path) -> None:
     """The rendered user units, sandbox and all, under a real `systemd --user`, enabled as `evolve install`
     says, until the timer's fire lands in the ledger. The repository is under /tmp, as an operator's may be:
-    the units leave PrivateTmp off for it (a private /tmp would hide it: 226/NAMESPACE)."""
+    the units leave PrivateTmp off for it (a private /tmp would hide it: 226/NAMESPACE).
+
+    The gate needs the operator's own python (first on the PATH install ran with, evolve's venv not on it),
+    and [metrics] textfile_dir is outside the repository: the timer's fire is green and writes the file."""
     manager = systemd_prerequisites()
     # ProtectSystem=strict leaves only the repository writable: the scripted agent keeps its script there.
     env.script = env.repo / ".agents" / "agent.json"
     env.steps([improved_step()])
+    metrics_dir = outside_tmp_dir()
     env.write_config(agent={"argv": [sys.executable, "-m", "evolve.agent.scripted", "--script", str(env.script)]},
-                     fire={"max_cycles": 1})
+                     fire={"max_cycles": 1}, metrics={"textfile_dir": str(metrics_dir)})
+    record = env.repo / ".agents" / "gate-probe.json"
+    probe_gate(env, record)
+    venv = operator_toolchain(tmp_path)
     env.queue(entry("a", "b"))
     units = tmp_path / "units"
-    r = cli("install", "systemd", "--user", "--schedule", "* * * * *", "--dest", str(units))
+    r = cli("install", "systemd", "--user", "--schedule", "* * * * *", "--dest", str(units),
+            extra_env={"PATH": f"{venv}/bin:/usr/local/bin:/usr/bin:/bin"})
     assert r.code == 0, r.stderr
+    assert f"-{metrics_dir} " in (units / "evolve@repo.service").read_text()
     (enable,) = [ln.removeprefix("enable: ") for ln in r.stdout.splitlines() if ln.startswith("enable: ")]
     assert "systemctl --user link " in enable and "enable --now evolve@repo.timer" in enable
     assert "PrivateTmp=no" in (units / "evolve@repo.service").read_text()
@@ -472,10 +544,17 @@ def test_systemd_user_timer_fires_the_rendered_units_into_the_ledger(env: Env, c
         ns.wait(timeout=60)
     assert unit_state(state)["ExecMainStatus"] == "0"
     ledger = env.ledger()
-    assert ledger and set(results(ledger)) == {"improved"}
+    assert ledger and set(results(ledger)) == {"improved"}, ledger
     for e in ledger:
         assert git(env.repo, "cat-file", "-t", e["sha"]).strip() == "commit"
     assert not (env.repo / ".git" / "index.lock").exists()
+    gate = probed(record)
+    assert gate["prefix"] == str(venv), gate["executable"]  # the operator's python, not evolve's
+    assert gate["env"]["PATH"] == f"{venv}/bin:/usr/local/bin:/usr/bin:/bin"
+    assert (metrics_dir / textfile_name(env.repo)).is_file()  # ReadWritePaths= let the fire write it
+    # With PrivateTmp off the real /tmp stays writable: else Python's tempfile falls back to the current
+    # directory, and the gate's (and evolve's own) temporary files land in the worktree and the checkout.
+    assert gate["tmp"] == "/tmp"
     assert (env.xdg / "systemd" / "user" / "timers.target.wants" / "evolve@repo.timer").is_symlink()
     assert (tmp_path / "data" / "systemd" / "timers" / "stamp-evolve@repo.timer").exists()  # Persistent=true
 

@@ -156,3 +156,111 @@ def test_notify_and_metrics_settings_are_checked(env: Env, cli) -> None:
     code, found = findings(cli)
     assert code == 1
     assert level(found, "notify") == "FAIL" and level(found, "metrics") == "FAIL"
+
+
+# -- the PATH a scheduled fire gets (issue 22, item 1) ------------------------------------------------
+
+
+def toolchain(root: Path) -> Path:
+    """A python that is not evolve's: a venv (its python3 a link to the system one, told apart by its bin)."""
+    import subprocess
+
+    venv = root / "toolchain"
+    subprocess.run([str(Path(sys.base_prefix) / "bin" / "python3"), "-m", "venv", "--without-pip", str(venv)],
+                   check=True, capture_output=True)
+    return venv
+
+
+def sched(found: dict[str, list[dict[str, str]]]) -> list[dict[str, str]]:
+    return found["sched PATH"]
+
+
+def test_doctor_compares_the_installed_units_path_with_the_shells(env: Env, cli, tmp_path: Path) -> None:
+    """Installed from a shell without the operator's venv, doctored from one with it: the gate's python3
+    resolves to two programs, both named, with the unit file the scheduled PATH comes from."""
+    venv = toolchain(tmp_path)
+    env.write_config(gate={"commands": [["python3", "-m", "pytest", "-q"]]})
+    plain = "/usr/local/bin:/usr/bin:/bin"
+    r = cli("install", "systemd", "--user", extra_env={"PATH": plain})  # into $XDG_CONFIG_HOME/systemd/user
+    assert r.code == 0, r.stderr
+    unit = env.xdg / "systemd" / "user" / "evolve@repo.service"
+    system_python = doctor._program("python3", plain)
+    code, found = findings(cli, PATH=f"{venv}/bin:{plain}")
+    (f,) = sched(found)
+    assert f["level"] == "WARN" and code == 0  # a warning: the operator decides which python is right
+    assert f"gate program 'python3': a scheduled fire runs {system_python}, this shell {venv}/bin/python3" in f[
+        "message"]
+    assert f"PATH from {unit}: {plain}" in f["message"] and "--path" in f["fix"]
+
+    # Rendered again from the venv's shell: the same python under both.
+    r = cli("install", "systemd", "--user", extra_env={"PATH": f"{venv}/bin:{plain}"})
+    assert r.code == 0, r.stderr
+    code, found = findings(cli, PATH=f"{venv}/bin:{plain}")
+    (f,) = sched(found)
+    assert f["level"] == "OK" and f"'python3' ({venv}/bin/python3)" in f["message"] and str(unit) in f["message"]
+
+
+def test_doctor_reads_the_crontab_lines_path(env: Env, cli, tmp_path: Path) -> None:
+    venv = toolchain(tmp_path)
+    env.write_config(gate={"commands": [["python3", "-c", "pass"]]})
+    r = cli("install", "cron", "--user", "--print", "--path", "/usr/bin:/bin")
+    (line,) = [ln for ln in r.stdout.splitlines() if ln and not ln.startswith("#")]
+    bindir = tmp_path / "bin"
+    listing = tmp_path / "crontab.txt"
+    listing.write_text(f"MAILTO=me\n{line}\n")
+    fake_bin(bindir, "crontab", f"cat {listing}")
+    _, found = findings(cli, PATH=f"{venv}/bin:{bindir}:/usr/bin:/bin")
+    (f,) = sched(found)
+    assert f["level"] == "WARN" and "PATH from your crontab: /usr/bin:/bin" in f["message"]
+    assert f"this shell {venv}/bin/python3" in f["message"]
+    # A hand-written line without PATH runs on the crontab's PATH= setting, else cron's default.
+    listing.write_text(f"PATH={venv}/bin:/usr/bin:/bin\n*/30 * * * * cd {env.repo} && evolve fire\n")
+    _, found = findings(cli, PATH=f"{venv}/bin:{bindir}:/usr/bin:/bin")
+    assert [f["level"] for f in sched(found)] == ["OK"]
+
+
+def test_doctor_without_an_installed_trigger_compares_what_install_would_render(env: Env, cli,
+                                                                               tmp_path: Path) -> None:
+    """Nothing installed: the PATH install would render from this shell. With evolve's own venv activated
+    first, a hand-run gate's python3 is evolve's, a scheduled one's the operator's next one: said."""
+    venv = toolchain(tmp_path)
+    env.write_config(gate={"commands": [["python3", "-c", "pass"], ["no-such-gate-tool", "x"]]})
+    own = Path(sys.prefix) / "bin"  # the venv doctor (evolve) runs from
+    _, found = findings(cli, PATH=f"{own}:{venv}/bin:/usr/bin:/bin")
+    by_name = {f["message"].split("'")[1]: f for f in sched(found)}
+    python = by_name["python3"]
+    assert python["level"] == "WARN" and "what `evolve install systemd|cron` would render" in python["message"]
+    assert f"a scheduled fire runs {venv}/bin/python3, this shell {doctor._program('python3', str(own))}" in \
+        python["message"]
+    missing = by_name["no-such-gate-tool"]
+    assert missing["level"] == "WARN" and "on neither" in missing["message"] and "[gate] commands" in missing["fix"]
+    # The same shell without evolve's venv: nothing to say about python3.
+    _, found = findings(cli, PATH=f"{venv}/bin:/usr/bin:/bin")
+    assert [f["message"].split("'")[1] for f in sched(found)] == ["no-such-gate-tool"]
+
+
+def test_scheduled_path_check_reads_only_this_repositorys_units(env: Env, tmp_path: Path) -> None:
+    """Another repository's unit, and a unit without a PATH, are not this one's schedule."""
+    from evolve.config import load
+    from evolve.paths import Paths
+
+    units = tmp_path / "units"
+    units.mkdir()
+    (units / "evolve@other.service").write_text("[Service]\nWorkingDirectory=/srv/other\n"
+                                                "Environment=PATH=/nowhere\n")
+    (units / "evolve@bare.service").write_text(f"[Service]\nWorkingDirectory={env.repo}\n")
+    (units / "evolve@repo.service").write_text(f'[Service]\nWorkingDirectory={env.repo}\n'
+                                               'Environment="PATH=/opt/50%% off/bin:/usr/bin:/bin"\n')
+    paths = Paths.for_repo(env.repo, env=env.env())
+    got = doctor._scheduled_paths(paths, env.env(PATH="/usr/bin:/bin"), unit_dirs=(units,), cron_d=tmp_path)
+    assert got == [(str(units / "evolve@repo.service"), "/opt/50% off/bin:/usr/bin:/bin")]
+    # A drop-in (`systemctl edit evolve@repo.service`) sets PATH last: that is what the fire gets.
+    (units / "evolve@repo.service.d").mkdir()
+    (units / "evolve@repo.service.d" / "override.conf").write_text("[Service]\nEnvironment=\n"
+                                                                   "Environment=PATH=/srv/tc/bin:/usr/bin\n")
+    got = doctor._scheduled_paths(paths, env.env(PATH="/usr/bin:/bin"), unit_dirs=(units,), cron_d=tmp_path)
+    assert got == [(str(units / "evolve@repo.service"), "/srv/tc/bin:/usr/bin")]
+    env.write_config(gate={"commands": [["sh", "-c", "true"]]})
+    (f,) = doctor.check_scheduled_path(load(paths.config, env.env()), paths, env.env(PATH="/usr/bin:/bin"),
+                                       unit_dirs=(units,), cron_d=tmp_path)
+    assert f.level == "OK" and "'sh'" in f.message

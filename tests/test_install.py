@@ -16,7 +16,7 @@ from pathlib import Path
 import orjson
 import pytest
 import yaml
-from support import Env, entry, results
+from support import Env, entry, git, results
 
 from evolve import cronexpr, deploy
 from evolve.procgroup import group_alive
@@ -335,12 +335,54 @@ def cron_command(crontab_text: str) -> str:
 
 
 def run_like_cron(command: str, home: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """What cron does: /bin/sh -c with a bare environment (HOME, LOGNAME, SHELL, a minimal PATH), cwd HOME."""
+    """What cron does: /bin/sh -c with a bare environment (HOME, LOGNAME, SHELL, a minimal PATH), cwd HOME.
+
+    In a development checkout PYTHONPATH comes along too (a crontab line above the job would carry it),
+    so the evolve that runs is the tree under test; nothing the gate sees depends on it.
+    """
+    dev = [f"PYTHONPATH={os.environ['PYTHONPATH']}"] if "PYTHONPATH" in os.environ else []
     return subprocess.run(
-        ["env", "-i", "PATH=/usr/bin:/bin", f"HOME={home}", "LOGNAME=cron", "SHELL=/bin/sh",
+        ["env", "-i", "PATH=/usr/bin:/bin", f"HOME={home}", "LOGNAME=cron", "SHELL=/bin/sh", *dev,
          "sh", "-c", command],
         cwd=home, capture_output=True, text=True, timeout=timeout,
     )
+
+
+# -- the gate's environment under a scheduled fire is the one a hand-run fire has (issue 22, item 1) ---
+
+# The gate command: records the interpreter it got and its environment, then imports a module only the
+# operator's own toolchain has (as a project's tests import its dependencies).
+GATE_PROBE = (
+    "import json, os, sys\n"
+    "import tempfile\n"
+    "json.dump({'prefix': sys.prefix, 'executable': sys.executable, 'env': dict(os.environ),"
+    " 'tmp': tempfile.gettempdir()},"
+    " open(sys.argv[1], 'w'))\n"
+    "import projdep\n"
+)
+
+
+def operator_toolchain(root: Path) -> Path:
+    """The operator's own interpreter, not evolve's: a virtualenv whose site-packages alone holds ``projdep``.
+    Its ``bin`` goes first on the PATH `evolve install` and a hand-run fire see, as an activated venv's does."""
+    venv = root / "toolchain"
+    base = Path(sys.base_prefix) / "bin" / "python3"
+    subprocess.run([str(base), "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
+    (site,) = (venv / "lib").glob("python3*/site-packages")
+    (site / "projdep.py").write_text("WHERE = __file__\n")
+    return venv
+
+
+def probe_gate(env: Env, record: Path) -> None:
+    """The gate runs the probe with a bare ``python``: whichever PATH gives it."""
+    env.write_config(gate={"commands": [["python", "-c", GATE_PROBE, str(record)]]})
+
+
+def probed(record: Path) -> dict:
+    assert record.exists(), "the gate never ran"
+    out = orjson.loads(record.read_bytes())
+    record.unlink()
+    return out
 
 
 def test_crontab_line_works_under_a_bare_cron_environment(env: Env, cli, tmp_path: Path) -> None:
@@ -390,6 +432,168 @@ def test_crontab_line_works_under_a_bare_cron_environment(env: Env, cli, tmp_pat
     assert results(env.ledger()) == ["improved"]
     assert run_like_cron(command, home).returncode == 0
     assert results(env.ledger()) == ["improved", "improved"]
+
+
+def test_scheduled_gate_gets_the_interpreter_a_hand_run_fire_gets(env: Env, cli, tmp_path: Path) -> None:
+    """The operator's python (a venv with the project's dependency) first on their PATH, evolve run by its
+    absolute path: by hand the gate imports the dependency; the rendered crontab line, run as cron runs it,
+    gives the gate the same interpreter and the same PATH, not evolve's own virtualenv."""
+    venv = operator_toolchain(tmp_path)
+    shell_path = f"{venv}/bin:/usr/local/bin:/usr/bin:/bin"
+    # The operator's shell: their python first, a locale and a time zone cron would not give the gate.
+    shell = {"PATH": shell_path, "LANG": "C.UTF-8", "LC_COLLATE": "C", "TZ": "Europe/Berlin"}
+    record = env.repo / ".agents" / "gate-probe.json"
+    probe_gate(env, record)
+    env.write_config(fire={"max_cycles": 1})
+    env.queue(entry("a", "b"))
+
+    by_hand = cli("fire", extra_env=shell)
+    assert by_hand.code == 0, by_hand.stderr
+    assert results(env.ledger()) == ["improved"]
+    hand = probed(record)
+    assert hand["prefix"] == str(venv) and hand["env"]["PATH"] == shell_path
+
+    r = cli("install", "cron", "--user", "--print", extra_env=shell)
+    assert r.code == 0, r.stderr
+    command = cron_command(split_printed(r.stdout, ["evolve-repo.crontab"])["evolve-repo.crontab"])
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".gitconfig").write_text("[user]\n\tname = cron\n\temail = cron@localhost\n")
+    done = run_like_cron(command, home)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    ledger = env.ledger()
+    assert results(ledger) == ["improved", "improved"], (env.paths.evolve_dir / "cron.log").read_text()[-3000:]
+    scheduled = probed(record)
+    assert scheduled["prefix"] == hand["prefix"] == str(venv)
+    for key in shell:
+        assert scheduled["env"].get(key) == hand["env"][key] == shell[key], key
+    # Both landed on the branch; nothing left half-done.
+    log = git(env.repo, "log", "--format=%H", "main").split()
+    assert [e["sha"] for e in ledger] == log[:2][::-1]
+    assert not (env.repo / ".git" / "index.lock").exists()
+    assert git(env.repo, "status", "--porcelain").strip() == ""
+
+
+OWN, REL = deploy.OWN_VENV, deploy.RELATIVE
+LINKS = {"/home/u/evolve-link/bin": "/opt/evolve/bin"}  # a symlinked venv: compared by where it leads
+SCHEDULED_PATH_TABLE = [
+    # (shell PATH, evolve's own venv bins, repo) -> (rendered PATH, left out)
+    (("/srv/tc/bin:/usr/local/bin:/usr/bin:/bin", ["/opt/evolve/bin"], "/srv/repo"),
+     ("/srv/tc/bin:/usr/local/bin:/usr/bin:/bin", [])),
+    # evolve's venv activated: left out wherever it is; the operator's own python is what stays
+    (("/opt/evolve/bin:/home/u/.local/bin:/usr/bin:/bin", ["/opt/evolve/bin"], "/srv/repo"),
+     ("/home/u/.local/bin:/usr/bin:/bin:/usr/local/bin", [("/opt/evolve/bin", OWN)])),
+    (("/srv/tc/bin:/opt/evolve/bin:/usr/bin", ["/opt/evolve/bin"], "/srv/repo"),
+     ("/srv/tc/bin:/usr/bin:/usr/local/bin:/bin", [("/opt/evolve/bin", OWN)])),
+    (("/home/u/evolve-link/bin:/usr/local/bin:/usr/bin:/bin", ["/opt/evolve/bin"], "/srv/repo"),
+     ("/usr/local/bin:/usr/bin:/bin", [("/home/u/evolve-link/bin", OWN)])),
+    # evolve installed into the project's own venv in the checkout: that venv is the project's toolchain
+    (("/srv/repo/.venv/bin:/usr/bin:/bin", ["/srv/repo/.venv/bin"], "/srv/repo"),
+     ("/srv/repo/.venv/bin:/usr/bin:/bin:/usr/local/bin", [])),
+    # relative and empty entries (the current directory): never under cron or systemd
+    ((".:node_modules/.bin::/usr/bin:/bin", [], "/srv/repo"),
+     ("/usr/bin:/bin:/usr/local/bin", [(".", REL), ("node_modules/.bin", REL)])),
+    # duplicates: the first stays (what a lookup finds is unchanged)
+    (("/usr/bin:/bin:/usr/bin:/usr/local/bin:/bin", [], "/srv/repo"), ("/usr/bin:/bin:/usr/local/bin", [])),
+    (("", [], "/srv/repo"), ("/usr/local/bin:/usr/bin:/bin", [])),
+]
+
+
+@pytest.mark.parametrize(("given", "want"), SCHEDULED_PATH_TABLE, ids=lambda v: repr(v)[:60])
+def test_scheduled_path_is_the_shells_less_evolves_own_venv(given: tuple, want: tuple) -> None:
+    shell, bins, repo = given
+    plan = deploy.scheduled_path(shell, bins, repo, real=lambda p: LINKS.get(p, p))
+    assert (plan.value, list(plan.dropped)) == want
+    assert plan.added == tuple(d for d in deploy.SYSTEM_PATH if d not in shell.split(":"))
+
+
+WRITABLE_TABLE = [
+    # (repo, state dir, configured dirs) -> ReadWritePaths= words
+    (("/srv/repo", "/srv/repo/.agents/evolve", ("/var/lib/node_exporter", "/srv/repo/.agents/rpi")),
+     ["/srv/repo", "-/var/lib/node_exporter"]),
+    (("/srv/repo", "/var/lib/evolve/repo", ("/var/lib/evolve/repo/cache", "/srv/wt", "/srv/wt/sub", "/srv/wt")),
+     ["/srv/repo", "/var/lib/evolve/repo", "-/srv/wt"]),
+    # a repository under /tmp: PrivateTmp off, and then the real /tmp and /var/tmp must stay writable
+    (("/tmp/repo", "/tmp/repo/.agents/evolve", ()), ["/tmp/repo", "-/tmp", "-/var/tmp"]),
+    (("/srv/repo", "/srv/repo/.agents/evolve", ("/var/tmp/metrics",)),
+     ["/srv/repo", "-/var/tmp/metrics", "-/tmp", "-/var/tmp"]),
+    (("/srv/repo", "/srv/repo/.agents/evolve", ("/srv/repo-metrics",)), ["/srv/repo", "-/srv/repo-metrics"]),
+]
+
+
+@pytest.mark.parametrize(("given", "want"), WRITABLE_TABLE, ids=lambda v: repr(v)[:60])
+def test_readwritepaths_cover_every_directory_the_config_writes(given: tuple, want: list[str]) -> None:
+    repo, state, written = given
+    t = deploy.Target(name="r", repo=repo, state_dir=state, evolve=("/usr/bin/evolve",), path="/usr/bin",
+                      home="/home/u", cron="*/30 * * * *", rw_paths=written)
+    assert deploy.writable(t) == [*want, "-/home/u/.claude", "-/home/u/.claude.json"]
+
+
+def test_install_drops_evolves_venv_and_says_what_scheduled_fires_get(env: Env, cli, tmp_path: Path) -> None:
+    venv = tmp_path / "toolchain"
+    (venv / "bin").mkdir(parents=True)
+    own = str(Path(sys.prefix) / "bin")  # the venv `evolve install` runs from (this interpreter's)
+    shell = f"{own}:{venv}/bin:/usr/bin:/bin"
+    scheduled = f"{venv}/bin:/usr/bin:/bin:/usr/local/bin"
+    r = cli("install", "systemd", "--user", "--print", extra_env={"PATH": shell})
+    assert r.code == 0, r.stderr
+    assert f"\nEnvironment=PATH={scheduled}\n" in r.stdout
+    assert f"\nExecStart={EVOLVE} --repo {env.repo} fire\n" in r.stdout  # evolve by its absolute path
+    assert f"PATH: left out {own!r}: evolve's own virtualenv" in r.stderr
+    assert f"PATH for scheduled fires (their gate and agent): {scheduled} (change it with --path)" in r.stderr
+    assert "note: `evolve` is not on that PATH" in r.stderr
+    r = cli("install", "cron", "--user", "--print", extra_env={"PATH": shell})
+    assert f" PATH={scheduled} " in cron_command(split_printed(r.stdout, ["evolve-repo.crontab"])[
+        "evolve-repo.crontab"])
+    # --path: exactly what it says, in every kind, evolve still by its absolute path.
+    chosen = f"{venv}/bin:/opt/tools/bin:/usr/bin:/bin"
+    r = cli("install", "systemd", "--print", "--daemon", "--path", chosen, extra_env={"PATH": shell})
+    assert f"\nEnvironment=PATH={chosen}\n" in r.stdout and "left out" not in r.stderr
+    r = cli("install", "cron", "--print", "--path", chosen)
+    assert f" PATH={chosen} " in r.stdout
+    r = cli("install", "kubernetes", "--print", "--image", "r/evolve:1", "--path", chosen)
+    assert f'value: "{chosen}"' in r.stdout
+
+
+def test_install_carries_the_state_env_and_every_written_directory(env: Env, cli, tmp_path: Path) -> None:
+    """EVOLVE_DIR and EVOLVE_NEXTWORK of the shell reach the scheduled fire, and every directory the config
+    makes it write is in ReadWritePaths= (systemd-analyze verify accepts the units)."""
+    state, queue, metrics, trees = (tmp_path / n for n in ("state", "queue", "metrics", "trees"))
+    for d in (state, queue, metrics, trees):
+        d.mkdir()
+    env.write_config(metrics={"textfile_dir": str(metrics)}, git={"worktree_dir": str(trees / "repo")})
+    shutil.copy(env.paths.config, state / "config.toml")  # the config lives in the state directory
+    shell = {"EVOLVE_DIR": str(state), "EVOLVE_NEXTWORK": str(queue / "next-work.jsonl")}
+    r = cli("install", "systemd", "--print", extra_env=shell)
+    assert r.code == 0, r.stderr
+    files = split_printed(r.stdout, ["evolve@repo.service", "evolve@repo.timer"])
+    unit = files["evolve@repo.service"]
+    assert f"\nEnvironment=EVOLVE_DIR={state}\n" in unit
+    assert f"\nEnvironment=EVOLVE_NEXTWORK={queue}/next-work.jsonl\n" in unit
+    (rw,) = [ln.removeprefix("ReadWritePaths=").split() for ln in unit.splitlines() if ln.startswith("ReadWrite")]
+    # The worktree's parent: evolve removes and adds the worktree directory itself.
+    assert rw[:5] == [str(env.repo), str(state), f"-{metrics}", f"-{queue}", f"-{trees}"]
+    units = tmp_path / "units"
+    units.mkdir()
+    for name, text in files.items():
+        (units / name).write_text(text)
+    verify(units, "evolve@repo.service", user=False)
+    daemon = cli("install", "systemd", "--daemon", "--print", extra_env=shell).stdout
+    assert f"\nEnvironment=EVOLVE_DIR={state}\n" in daemon and " ".join(rw) in daemon
+    line = cron_command(split_printed(cli("install", "cron", "--user", "--print", extra_env=shell).stdout,
+                                      ["evolve-repo.crontab"])["evolve-repo.crontab"])
+    assert f" EVOLVE_DIR={state} EVOLVE_NEXTWORK={queue}/next-work.jsonl " in line
+    assert f"mkdir -p {state} " in line and f"{state}/cron.log" in line
+    # Without them in the shell the units set neither (a fire finds .agents/evolve itself).
+    plain = cli("install", "systemd", "--print").stdout
+    assert "EVOLVE_DIR" not in plain and "EVOLVE_NEXTWORK" not in plain
+    # The locale and TZ the shell has (what a hand-run gate runs under), each its own word; never a secret.
+    r = cli("install", "systemd", "--print", extra_env={"LANG": "de_DE.UTF-8", "LC_ALL": "C.UTF-8",
+                                                        "TZ": "Europe/Berlin", "ANTHROPIC_API_KEY": "sk-ant-x" * 4})
+    unit = split_printed(r.stdout, ["evolve@repo.service"])["evolve@repo.service"]
+    for setting in ("LANG=de_DE.UTF-8", "LC_ALL=C.UTF-8", "TZ=Europe/Berlin"):
+        assert f"\nEnvironment={setting}\n" in unit
+    assert "sk-ant" not in r.stdout + r.stderr
 
 
 def test_system_crontab_has_a_user_field(env: Env, cli) -> None:
@@ -454,8 +658,9 @@ def test_kubernetes_container_script_maps_75_and_forwards_sigterm(env: Env, tmp_
     manifest = deploy.kubernetes(deploy.generic_targets()[1])["cronjob.yaml"]
     docs = [d for d in yaml.safe_load_all(manifest) if d]
     script = docs[-1]["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["args"][0]
-    script = script.replace("/work/repo", str(env.repo))
-    path = f"{Path(EVOLVE).parent}:/usr/bin:/bin"
+    # The image's evolve is this environment's here (the pod starts it by that absolute path).
+    script = script.replace("/work/repo", str(env.repo)).replace(deploy.IMAGE_EVOLVE, EVOLVE)
+    path = "/usr/bin:/bin"
 
     lock = FireLock(env.paths.lock)
     assert lock.acquire()

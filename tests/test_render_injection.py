@@ -88,6 +88,16 @@ def test_every_other_interpolated_value_is_checked_by_the_cli(env: Env, cli) -> 
     assert line.startswith("evolve: --schedule contains a control character (U+000A)")
     line = one_error_line(cli("install", "kubernetes", "--print", "--image", "evolve:1\nkind: Pod"))
     assert line.startswith("evolve: --image contains a control character (U+000A)")
+    # --path: every kind, refused like any value; and every entry absolute (a relative one would be read
+    # against the repository or the agent's worktree).
+    for kind in ("cron", "systemd", "kubernetes"):
+        line = one_error_line(cli("install", kind, "--print", "--image", "i:1", "--path", "/usr/bin\n* * * * * id"))
+        assert line.startswith("evolve: --path contains a control character (U+000A)")
+        line = one_error_line(cli("install", kind, "--print", "--image", "i:1", "--path", "/usr/bin:.venv/bin"))
+        assert line == "evolve: --path '/usr/bin:.venv/bin': entry '.venv/bin' is not an absolute directory"
+    # The shell's PATH is rendered now: a control character in it is refused the same way.
+    line = one_error_line(cli("install", "cron", "--print", extra_env={"PATH": "/usr/bin:/b\x1bin:/bin"}))
+    assert line.startswith("evolve: PATH contains a control character (U+001B)")
     # A value from the config file: schedule.timezone goes into the crontab's comment block.
     env.write_config(schedule={"timezone": "UTC\n* * * * * root touch /tmp/pwned"})
     line = one_error_line(cli("install", "cron", "--print"))
@@ -133,6 +143,8 @@ FIELDS = {
     "evolve command word 1": lambda c: {"evolve": ("/usr/bin/python3", f"-m{c}")},
     "environment 'EVOLVE_SCHEDULE_CRON'": lambda c: {"extra_env": {"EVOLVE_SCHEDULE_CRON": f"* * * * *{c}"}},
     "git remote origin URL": lambda c: {"git_url": f"https://example.com/r.git{c}"},
+    "writable directory": lambda c: {"rw_paths": ("/srv/metrics", f"/srv/me{c}trics")},
+    "environment 'EVOLVE_DIR'": lambda c: {"extra_env": {"EVOLVE_DIR": f"/srv/st{c}ate"}},
 }
 
 
@@ -186,9 +198,11 @@ def check_crontab(t: deploy.Target, text: str, system: bool) -> None:
         assert fields[5] == t.user
     shell, stdin = cron_percent(command)
     assert stdin == "", "an unescaped % ends the command"
+    assert deploy.cron_fire_path(job) == t.path  # what `evolve doctor` reads back from an installed line
     state = t.state_dir
+    assigns = [f"{k}={v}" for k, v in {"PATH": t.path, **t.extra_env}.items()]
     assert shlex.split(shell, comments=True) == [
-        "cd", t.repo, "&&", "mkdir", "-p", state, "&&", f"PATH={t.path}", "flock", "-n", "-E", "75",
+        "cd", t.repo, "&&", "mkdir", "-p", state, "&&", *assigns, "flock", "-n", "-E", "75",
         f"{state}/cron.lock", *t.evolve, "fire", ">>", f"{state}/cron.log", "2>&1"]
 
 
@@ -244,6 +258,9 @@ def unit_settings(text: str) -> list[tuple[str, str, str]]:
 def check_units(t: deploy.Target, files: dict[str, str], baseline: dict[str, str]) -> None:
     """The same settings, in the same sections, as a rendering with tame values; each value read back."""
     for name, text in files.items():
+        if name.endswith(".service"):  # what `evolve doctor` reads back from an installed unit
+            workdir, path = deploy.unit_fire_path(text)
+            assert path == t.path and workdir is not None and os.path.normpath(workdir) == os.path.normpath(t.repo)
         got = unit_settings(text)
         assert [(s, k) for s, k, _ in got] == [(s, k) for s, k, _ in unit_settings(baseline[name])]
         for _, key, value in got:
@@ -255,9 +272,8 @@ def check_units(t: deploy.Target, files: dict[str, str], baseline: dict[str, str
                 (assignment,) = sd_words(value)
                 assert sd_specifiers(assignment) in {f"PATH={t.path}", *(f"{k}={v}" for k, v in t.extra_env.items())}
             elif key == "ReadWritePaths":
-                state = [] if (t.state_dir + "/").startswith(t.repo + "/") else [t.state_dir]
-                assert [sd_specifiers(w) for w in sd_words(value)] == [
-                    t.repo, *state, f"-{t.home}/.claude", f"-{t.home}/.claude.json"]
+                # Each path reads back as itself (which ones: test_install's table for deploy.writable).
+                assert [sd_specifiers(w) for w in sd_words(value)] == deploy.writable(t)
             elif key == "WorkingDirectory":
                 # A final "/" keeps a final backslash or space from being read as a continuation or stripped.
                 directory = sd_specifiers(value)
@@ -278,6 +294,7 @@ def check_manifest(t: deploy.Target, text: str) -> None:
     assert [c["image"] for c in pod["initContainers"] + pod["containers"]] == [t.image, t.image]
     url = t.git_url or "https://git.example.com/you/repo.git"
     assert pod["initContainers"][0]["env"][0] == {"name": "EVOLVE_GIT_URL", "value": url}
+    assert {"name": "PATH", "value": t.path} in pod["containers"][0]["env"]
     assert cron["metadata"]["name"] == f"evolve-{deploy.k8s_name(t.name)}"
 
 
@@ -310,11 +327,11 @@ def build(**values) -> deploy.Target | None:
 
 
 @PROPERTY
-@given(repo=TEXT, path=TEXT, user=mostly("u"), name=mostly("r"), cron=SCHEDULES, evolve=TEXT)
+@given(repo=TEXT, path=TEXT, user=mostly("u"), name=mostly("r"), cron=SCHEDULES, evolve=TEXT, state=TEXT)
 def test_crontab_is_one_job_line_whatever_the_values(repo: str, path: str, user: str, name: str, cron: str,
-                                                     evolve: str) -> None:
+                                                     evolve: str, state: str) -> None:
     t = build(repo="/" + repo, state_dir=f"/{repo}/.agents/evolve", path=path, user=user, name=name, cron=cron,
-              evolve=("/" + evolve, "--x"))
+              evolve=("/" + evolve, "--x"), extra_env={"EVOLVE_DIR": "/" + state, "EVOLVE_NEXTWORK": path})
     if t is None:
         return
     for system in (False, True):
@@ -322,16 +339,18 @@ def test_crontab_is_one_job_line_whatever_the_values(repo: str, path: str, user:
         check_crontab(t, text, system)
 
 
-BASELINE = target(home="/home/u", extra_env={"EVOLVE_SCHEDULE_CRON": "* * * * *"})
+BASELINE = target(home="/home/u", extra_env={"EVOLVE_SCHEDULE_CRON": "* * * * *", "EVOLVE_DIR": "/srv/state"})
 
 
 @PROPERTY
 @given(repo=TEXT, state=TEXT, home=TEXT, path=TEXT, evolve=TEXT, env_value=TEXT, user=mostly("u"),
-       timezone=mostly("UTC"))
+       timezone=mostly("UTC"), written=st.lists(TEXT, max_size=3))
 def test_systemd_units_read_back_whatever_the_values(repo: str, state: str, home: str, path: str, evolve: str,
-                                                      env_value: str, user: str, timezone: str) -> None:
+                                                      env_value: str, user: str, timezone: str,
+                                                      written: list[str]) -> None:
     t = build(repo="/" + repo, state_dir="/" + state, home="/" + home, path=path, evolve=("/" + evolve, "-x"),
-              user=user, timezone=timezone, extra_env={"EVOLVE_SCHEDULE_CRON": env_value})
+              user=user, timezone=timezone, extra_env={"EVOLVE_SCHEDULE_CRON": env_value, "EVOLVE_DIR": "/" + state},
+              rw_paths=tuple("/" + w for w in written))
     if t is None:
         return
     for daemon in (False, True):
@@ -347,10 +366,10 @@ def test_systemd_units_read_back_whatever_the_values(repo: str, state: str, home
 
 
 @PROPERTY
-@given(name=mostly("r"), image=TEXT, git_url=TEXT, cron=SCHEDULES, timezone=mostly("UTC"), config=TEXT)
+@given(name=mostly("r"), image=TEXT, git_url=TEXT, cron=SCHEDULES, timezone=mostly("UTC"), config=TEXT, path=TEXT)
 def test_kubernetes_manifest_round_trips_whatever_the_values(name: str, image: str, git_url: str, cron: str,
-                                                             timezone: str, config: str) -> None:
-    t = build(name=name, image=image, git_url=git_url, cron=cron, timezone=timezone, config_toml=config)
+                                                             timezone: str, config: str, path: str) -> None:
+    t = build(name=name, image=image, git_url=git_url, cron=cron, timezone=timezone, config_toml=config, path=path)
     if t is None:
         return
     if not t.image:  # no image, no manifest: `evolve install` says how to build and push one
@@ -380,11 +399,12 @@ def test_yaml_str_round_trips_any_text(value: str) -> None:
 
 
 def make_evolve(bin_dir: Path, record: Path) -> Path:
-    """A stand-in for evolve at a hostile path: it records its cwd, argv and PATH as JSON."""
+    """A stand-in for evolve at a hostile path: it records its cwd, argv, PATH and EVOLVE_DIR as JSON."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     script = bin_dir / "evolve"
     script.write_text(f"#!{sys.executable}\nimport json, os, sys\nrecord = {str(record)!r}\n"
-                      "open(record, 'w').write(json.dumps([os.getcwd(), sys.argv[1:], os.environ['PATH']]))\n")
+                      "open(record, 'w').write(json.dumps([os.getcwd(), sys.argv[1:], os.environ['PATH'],"
+                      " os.environ.get('EVOLVE_DIR')]))\n")
     script.chmod(0o755)
     return script
 
@@ -422,7 +442,9 @@ def test_systemd_parses_hostile_values_back(tmp_path: Path, hostile: str, user: 
     t = target(name="hx", repo=str(repo), state_dir=str(tmp_path / f"state {hostile}"), evolve=(str(evolve),),
                path=f"{evolve.parent}:/usr/bin:/bin", home=str(tmp_path / f"home {hostile}"),
                user=None if user else getpass.getuser(), user_mode=user,
-               extra_env={"EVOLVE_SCHEDULE_CRON": f"*/5 * * * * {hostile}"})
+               extra_env={"EVOLVE_SCHEDULE_CRON": f"*/5 * * * * {hostile}",
+                          "EVOLVE_DIR": str(tmp_path / f"state {hostile}")},
+               rw_paths=(str(tmp_path / f"metrics {hostile}"),))
     Path(t.state_dir).mkdir(parents=True)
     units = tmp_path / "units"
     (units / "runtime").mkdir(parents=True, mode=0o700)
@@ -438,8 +460,10 @@ def test_systemd_parses_hostile_values_back(tmp_path: Path, hostile: str, user: 
         assert [argv0, *(a.replace("$$", "$") for a in args)] == [str(evolve), "--repo", str(repo), verb]
         assert parsed["WorkingDirectory"] == [str(repo)]
         assert f"PATH={t.path}" in parsed["Environment"]
-        assert parsed["ReadWritePaths"] == [" ".join([str(repo), t.state_dir, f"-{t.home}/.claude",
-                                                      f"-{t.home}/.claude.json"])]
+        assert f"EVOLVE_DIR={t.state_dir}" in parsed["Environment"]
+        # Under /tmp, so PrivateTmp is off and the real /tmp stays writable.
+        assert parsed["ReadWritePaths"] == [" ".join([str(repo), t.state_dir, f"-{t.rw_paths[0]}", "-/tmp",
+                                                      "-/var/tmp", f"-{t.home}/.claude", f"-{t.home}/.claude.json"])]
     assert f"EVOLVE_SCHEDULE_CRON=*/5 * * * * {hostile}" in systemd_dump(units, "evolve-daemon@hx.service",
                                                                          user=user)["Environment"]
 
@@ -453,7 +477,7 @@ def test_crontab_command_runs_in_sh_with_hostile_values(tmp_path: Path, hostile:
     evolve = make_evolve(tmp_path / f"bin {hostile}", record)
     state = tmp_path / f"state {hostile}"
     t = target(repo=str(repo), state_dir=str(state), evolve=(str(evolve),),
-               path=f"{evolve.parent}:/usr/bin:/bin", user=getpass.getuser())
+               path=f"{evolve.parent}:/usr/bin:/bin", user=getpass.getuser(), extra_env={"EVOLVE_DIR": str(state)})
     (text,) = deploy.crontab(t, system=True).values()
     check_crontab(t, text, system=True)
     (job,) = cron_jobs(text)
@@ -462,7 +486,7 @@ def test_crontab_command_runs_in_sh_with_hostile_values(tmp_path: Path, hostile:
     home.mkdir()
     done = run_like_cron(command, home)
     assert done.returncode == 0, (command, done.stderr)
-    assert json.loads(record.read_text()) == [str(repo), ["fire"], t.path]
+    assert json.loads(record.read_text()) == [str(repo), ["fire"], t.path, str(state)]
     assert (state / "cron.log").is_file() and (state / "cron.lock").is_file()
     assert not list(home.iterdir()) and not list(repo.iterdir()), "something ran that was not evolve"
     assert sorted(p.name for p in state.iterdir()) == ["cron.lock", "cron.log"]

@@ -12,9 +12,14 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from evolve.commands._common import repo_of
 from evolve.errors import ConfigError, UsageError
+
+if TYPE_CHECKING:
+    from evolve.config import Config
+    from evolve.paths import Paths
 
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
@@ -32,33 +37,76 @@ def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--image", default="", metavar="IMAGE",
                    help="kubernetes (required): the image built from the Containerfile and pushed, e.g. "
                         "registry.example.com/evolve:0.1.0")
+    p.add_argument("--path", default=None, metavar="DIRS",
+                   help="the PATH scheduled fires (their gate and agent) get, absolute directories joined by ':' "
+                        "(default: this shell's PATH less evolve's own virtualenv; kubernetes: the image's)")
 
 
-def _evolve_command() -> tuple[str, ...]:
-    """This environment's ``evolve`` argv (the script next to the running interpreter), never a PATH lookup
-    at fire time. An argv, not a string: the renderers quote each word for their format."""
+def _fire_path(args: argparse.Namespace, repo: Path, evolve: tuple[str, ...], env: dict[str, str]
+               ) -> tuple[str, list[str]]:
+    """The PATH the rendered files give every fire (docs/DESIGN.md §9) and what to say about it: ``--path``,
+    the image's for Kubernetes, else this shell's less evolve's own virtualenv (naming what was left out)."""
+    from evolve import deploy
+
+    if args.path is not None:
+        return deploy.check_path_override(args.path), []
+    if args.kind == "kubernetes":
+        return deploy.IMAGE_PATH, []
+    plan = deploy.scheduled_path(env.get("PATH") or os.defpath, deploy.evolve_bins(evolve), str(repo),
+                                 real=os.path.realpath)
+    return plan.value, [f"PATH: left out {entry!r}: {why}" for entry, why in plan.dropped]
+
+
+def _path_notes(value: str, evolve: tuple[str, ...], cfg: Config, kubernetes: bool) -> list[str]:
+    """What an operator should know about the rendered PATH: its value, and what is not on it."""
     import shutil
 
-    beside = Path(sys.executable).parent / "evolve"
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return (str(beside),)
-    found = shutil.which("evolve")
-    if found:
-        return (str(Path(found).resolve()),)
-    return (sys.executable, "-m", "evolve")
+    where = "in the pod" if kubernetes else "for scheduled fires"
+    notes = [f"PATH {where} (their gate and agent): {value} (change it with --path)"]
+    if kubernetes:
+        return notes  # the image's directories: nothing on this machine to look them up in
+    if shutil.which("evolve", path=value) is None:
+        notes.append(f"note: `evolve` is not on that PATH (fires start {evolve[0]} by its absolute path); what "
+                     "runs `evolve` by name (the hooks of `evolve setup --hooks`) needs it linked into a directory "
+                     "on it, e.g. ~/.local/bin")
+    agent = cfg.agent
+    if agent.runner != "http" and agent.argv and "/" not in agent.argv[0] \
+            and shutil.which(agent.argv[0], path=value) is None:
+        notes.append(f"warning: the agent {agent.argv[0]!r} is not on that PATH: scheduled fires cannot start it "
+                     "(give [agent] argv an absolute path, or use --path)")
+    return notes
 
 
-def _search_path(evolve: tuple[str, ...], agent_argv: list[str], runner: str) -> str:
-    """evolve's directory, the agent binary's, then the usual system ones: what cron and systemd lack."""
-    import shutil
+def _carried_env(paths: Paths, env: dict[str, str]) -> dict[str, str]:
+    """What a hand-run fire takes from this shell besides PATH and a scheduled one would lack: EVOLVE_DIR
+    and EVOLVE_NEXTWORK (absolute: else it reads and writes another state directory and queue), and the
+    locale and TZ the gate's tests run under (cron sets no LANG). Only what is set, nothing secret:
+    identity (HOME, USER, LOGNAME) is the unit's user, and credentials go in the service's own environment."""
+    out = {}
+    if env.get("EVOLVE_DIR"):
+        out["EVOLVE_DIR"] = str(paths.evolve_dir)
+    if env.get("EVOLVE_NEXTWORK"):
+        out["EVOLVE_NEXTWORK"] = str(paths.nextwork)
+    for key in ("LANG", "LANGUAGE", *sorted(k for k in env if re.fullmatch(r"LC_[A-Z_]+", k)), "TZ"):
+        if env.get(key):
+            out[key] = env[key]
+    return out
 
-    dirs = [str(Path(evolve[0]).parent)]
-    if runner != "http" and agent_argv:
-        found = shutil.which(agent_argv[0])
-        if found:
-            dirs.append(str(Path(found).parent))
-    dirs += ["/usr/local/bin", "/usr/bin", "/bin"]
-    return ":".join(dict.fromkeys(dirs))
+
+def _written_dirs(paths: Paths, cfg: Config) -> tuple[str, ...]:
+    """Directories besides the repository and the state directory that the config makes a fire write:
+    ``[metrics] textfile_dir``, the queue's, and the parent of ``[git] worktree_dir`` (evolve removes and
+    adds the worktree itself). The units leave out what is under the repository or the state directory."""
+    from evolve.metrics import textfile_dir
+
+    out = []
+    if cfg.metrics.textfile_dir:
+        out.append(str(textfile_dir(paths, cfg.metrics.textfile_dir)))
+    out.append(str(paths.nextwork.parent))
+    if cfg.git.worktree_dir:
+        tree = Path(os.path.abspath(paths.repo / Path(cfg.git.worktree_dir).expanduser()))
+        out.append(str(tree if tree.parent == Path("/") else tree.parent))
+    return tuple(dict.fromkeys(out))
 
 
 def _git_url(repo: Path) -> str:
@@ -168,13 +216,20 @@ def run(args: argparse.Namespace) -> int:
     name = args.name or re.sub(r"[^A-Za-z0-9_.:-]", "_", repo.name) or "repo"
     if not re.fullmatch(r"[A-Za-z0-9_.:-]+", name):
         raise UsageError(f"--name {name!r}: use letters, digits and _ . : - only")
-    evolve = _evolve_command()
+    evolve = deploy.evolve_command()
+    env = dict(os.environ)
+    k8s = args.kind == "kubernetes"
+    fire_path, dropped = _fire_path(args, repo, evolve, env)
+    extra_env = {} if k8s else _carried_env(paths, env)
+    if args.daemon and args.schedule is not None:
+        # The daemon reads its schedule from config; --schedule goes in as the env layer, above the file.
+        extra_env["EVOLVE_SCHEDULE_CRON"] = expr
     target = deploy.Target(
         name=name,
         repo=str(repo),
         state_dir=str(paths.evolve_dir),
         evolve=evolve,
-        path=_search_path(evolve, cfg.agent.argv, cfg.agent.runner),
+        path=fire_path,
         home=str(Path.home()),
         cron=expr,
         timezone=cfg.schedule.timezone,
@@ -187,8 +242,8 @@ def run(args: argparse.Namespace) -> int:
         git_url=_git_url(repo) if args.kind == "kubernetes" else "",
         # Read only for a manifest that will render (no --image: deploy.kubernetes says how to build one).
         config_toml=_config_for_configmap(paths.config) if args.kind == "kubernetes" and args.image else "",
-        # The daemon reads its schedule from config; --schedule goes in as the env layer, above the file.
-        extra_env={"EVOLVE_SCHEDULE_CRON": expr} if args.daemon and args.schedule is not None else {},
+        extra_env=extra_env,
+        rw_paths=() if k8s else _written_dirs(paths, cfg),
     )
     try:
         if args.kind == "systemd":
@@ -201,6 +256,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from exc
     where = _where(args)
     hint = _enable_hint(args, where, list(files), name)
+    for note in [*dropped, *_path_notes(fire_path, evolve, cfg, k8s)]:
+        print(note, file=sys.stderr)
     if args.print_only:
         out = []
         for fname, text in files.items():
