@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -172,7 +173,9 @@ def wait_for_text(path: Path) -> str:
 
 # -- reconcile kills a recorded group only once it is the dead fire's -----------------------------
 
-DEAD_ID = "deadf1re0001"
+# Unique to this run: another suite running on the same host (its reconcile reads every /proc/*/environ)
+# must never find, or kill, this run's sleepers.
+DEAD_ID = "dead" + uuid.uuid4().hex[:8]
 
 
 def plant_dead_fire(env: Env, cli, agent_pgid: int, fire_id: str) -> None:
@@ -193,7 +196,7 @@ def sleeper(env: Env, tag: str | None) -> subprocess.Popen[bytes]:
 
 @pytest.mark.parametrize(("tag", "recorded_id"), [
     (None, DEAD_ID),  # pid reuse / a reboot: somebody else's group now has that number
-    ("0therf1re002", DEAD_ID),  # another fire's child, not the dead one's
+    ("0ther" + uuid.uuid4().hex[:7], DEAD_ID),  # another fire's child, not the dead one's
     (None, ""),  # a record without a fire id cannot be verified at all
 ])
 def test_reconcile_leaves_an_unverified_recorded_group_alone(env: Env, cli, tag: str | None,
