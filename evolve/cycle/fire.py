@@ -48,7 +48,7 @@ from evolve.harness import hooks as harness_hooks
 from evolve.harness import plan as plans
 from evolve.paths import Paths
 from evolve.procgroup import FIRE_TAG, stop_signals
-from evolve.results import LAND_FAILED, LAND_MODE, CycleResult, is_landing
+from evolve.results import LAND_FAILED, LAND_MODE, SUCCESS, CycleResult, is_landing
 from evolve.store import session_state
 from evolve.store.atomic import atomic_write_bytes
 from evolve.store.dirfd import ensure_dir
@@ -275,7 +275,8 @@ class Fire:
             h = s.held
             item = WorkItem(source=h.source, ref=h.work_ref, title=h.title)
             if h.cycle not in seen:
-                result = CycleResult.IMPROVED if s.landed else CycleResult.FAILED
+                gated = CycleResult(h.result) if h.result in SUCCESS else CycleResult.IMPROVED
+                result = gated if s.landed else CycleResult.FAILED
                 entry = self.ctx.entry(self.ledger.last_cycle() + 1, result, item, h.source, LAND_MODE, stamp)
                 entry.update(pending_cycle=h.cycle, landed=s.landed, cycle_start_sha=h.start or None)
                 if s.landed:

@@ -11,7 +11,7 @@ import re
 import shlex
 import tempfile
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -200,7 +200,7 @@ class Gate:
                 "goals_regressed": lost,
                 **goal_fields(pre),
             }
-        landed = self._land(cycle, ws, start, held, stop)
+        landed = self._land(cycle, ws, start, replace(held or Held(cycle=cycle), result=str(result)), stop)
         if landed is not None and landed[0] is not None:
             return landed[0], {**extra, **landed[1], **goal_fields(pre)}
         if landed is not None:
@@ -211,8 +211,11 @@ class Gate:
             goals.accept(post)
         if self.cfg.gate.commands or post is not None:
             extra["gate"] = "PASS"
-        if extra.get("landed") is False and result == CycleResult.IMPROVED:
-            result = CycleResult.PENDING  # green and committed, not on the branch: the record says so
+        if extra.get("landed") is False:
+            # Green and committed, not on the branch: the record says so (and what the gate judged, which
+            # the entry that settles it carries once it lands).
+            extra["gated_result"] = str(result)
+            result = CycleResult.PENDING
         return result, {**extra, **goal_fields(post or pre)}
 
     def interrupted(self, cycle: int, ws: Workspace, start: Start, phase: str) -> tuple[str, dict[str, Any]]:

@@ -35,6 +35,7 @@ class Held(Record):
     sha: str = ""  # the cycle's last commit in the chain (it changes when the chain is replayed)
     commits: int = 1  # how many commits of the chain are this cycle's
     start: str = ""  # the commit the cycle started from
+    result: str = "improved"  # what the gate judged: the result its settling entry carries once it lands
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
