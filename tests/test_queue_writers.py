@@ -1,0 +1,464 @@
+"""Issue 22 item 9: the queue survives every writer (docs/DESIGN.md §6.1).
+
+Real writers in real processes: an editor that saves by renaming a new file over
+``next-work.jsonl`` (as most editors, ``sed -i`` and upstream's own rewrite do) or vim's way (the
+original renamed to a backup, a new file written under the name), and an appender that writes one
+line in two ``write()`` calls. Against them: an in-process :class:`HarvestedQueue` and real
+``evolve fire`` processes, some killed at every step of an edit. After each: no crash, no item done
+twice, no claim left in progress that nobody holds, no line lost or glued, and an operator's
+deliberate edit of an item's lifecycle stands where an editor's stale save is undone.
+
+Nothing waits on time to decide an outcome: every writer is stepped by marker files (a bounded poll
+is a hang guard), so the order of the writes is the one the test names.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from invariants import GitWatch, History
+from support import Env, entry, improved_step, live
+
+from evolve.work.harvested import HarvestedQueue
+
+WAIT_S = 120  # hang guards only
+ROOT = str(Path(__file__).resolve().parents[1])
+
+# An editor: loads the whole file into its buffer, says so, waits to be told to save, applies the
+# operator's edits (by item title) to the lines they touch, and saves: "rename" writes a temp file and
+# renames it over the queue; "backup" renames the queue to ``<name>~``, writes a new file under the
+# name (waiting first for "write" when told to, so that the queue is missing meanwhile), removes the backup.
+EDITOR = textwrap.dedent(r"""
+    import os, sys, time, orjson
+    path, marks, mode = sys.argv[1:4]
+    def wait(name):
+        end = time.monotonic() + 120
+        while not os.path.exists(os.path.join(marks, name)):
+            if time.monotonic() > end:
+                sys.exit(3)
+            time.sleep(0.002)
+    def mark(name):
+        open(os.path.join(marks, name), "w").close()
+    with open(path, "rb") as fh:
+        buf = fh.read()
+    mark("loaded")
+    wait("save")
+    edits = os.path.join(marks, "edits.json")
+    if os.path.exists(edits):
+        want = orjson.loads(open(edits, "rb").read())
+        lines = buf.split(b"\n")
+        for n, raw in enumerate(lines):
+            try:
+                obj = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                continue
+            hit = False
+            for it in obj.get("items") or []:
+                for k, v in want.get(it.get("title"), {}).items():
+                    hit = True
+                    if v is None:
+                        it.pop(k, None)
+                    else:
+                        it[k] = v
+            if hit:
+                lines[n] = orjson.dumps(obj)
+        buf = b"\n".join(lines)
+    d, base = os.path.split(path)
+    if mode == "rename":
+        tmp = os.path.join(d, "." + base + ".swp")
+        with open(tmp, "wb") as fh:
+            fh.write(buf)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.rename(tmp, path)
+    else:
+        os.rename(path, path + "~")
+        mark("aside")
+        if os.path.exists(os.path.join(marks, "hold")):
+            wait("write")
+        with open(path, "wb") as fh:
+            fh.write(buf)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.unlink(path + "~")
+    mark("saved")
+""")
+
+
+def _wait(pred, what: str) -> None:
+    end = time.monotonic() + WAIT_S
+    while not pred():
+        assert time.monotonic() < end, f"{what} not reached within {WAIT_S}s"
+        time.sleep(0.002)
+
+
+class Editor:
+    """One editing session of the queue in a real process: :meth:`load` now, :meth:`save` later."""
+
+    def __init__(self, path: Path, marks: Path, mode: str = "rename", *, hold: bool = False) -> None:
+        self.path, self.marks, self.mode = path, marks, mode
+        marks.mkdir(parents=True)
+        if hold:
+            (marks / "hold").touch()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def load(self) -> Editor:
+        self.proc = subprocess.Popen([sys.executable, "-c", EDITOR, str(self.path), str(self.marks), self.mode])
+        _wait(lambda: (self.marks / "loaded").exists() or self.proc.poll() is not None, "the editor's load")
+        assert (self.marks / "loaded").exists(), self.proc.returncode
+        return self
+
+    def save(self, edits: dict[str, dict[str, Any]] | None = None, *, wait: bool = True) -> None:
+        if edits:
+            (self.marks / "edits.json").write_bytes(orjson.dumps(edits))
+        (self.marks / "save").touch()
+        if wait:
+            self.done()
+
+    def done(self) -> None:
+        assert self.proc is not None
+        assert self.proc.wait(timeout=WAIT_S) == 0
+        assert (self.marks / "saved").exists()
+
+
+def _item(title: str, **kw: Any) -> dict[str, Any]:
+    return {"title": title, "description": f"do {title}", "type": "task", "severity": "medium", **kw}
+
+
+def _entry(*items: dict[str, Any], epic: str = "ep") -> dict[str, Any]:
+    return {"source_epic": epic, "timestamp": "2026-01-01T00:00:00Z", "items": list(items)}
+
+
+def _queue(tmp_path: Path, *entries: dict[str, Any]) -> HarvestedQueue:
+    p = tmp_path / "next-work.jsonl"
+    p.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in entries))
+    return HarvestedQueue(p)
+
+
+def _items(path: Path) -> dict[str, dict[str, Any]]:
+    """Every live item by title; each title must be live exactly once."""
+    out: dict[str, dict[str, Any]] = {}
+    for e in live(path):
+        for it in e["items"]:
+            assert it["title"] not in out, f"{it['title']} is live twice"
+            out[it["title"]] = it
+    return out
+
+
+def _parses(path: Path) -> None:
+    raw = path.read_bytes()
+    assert raw.endswith(b"\n"), raw[-200:]
+    for line in raw.split(b"\n")[:-1]:
+        assert not line.strip() or isinstance(orjson.loads(line), dict), line[:200]
+
+
+def _by_title(q: HarvestedQueue, title: str):
+    return next(w for w in q.candidates() if w.title == title)
+
+
+# -- a save-by-rename editor ----------------------------------------------------------------------
+
+
+def test_a_stale_save_between_claim_and_finalize_is_undone(tmp_path: Path) -> None:
+    """The editor loaded the queue before the claim and saves during the cycle: its save brings back
+    the item unclaimed. The finalize still consumes it (the claim re-applied from evolve's record
+    first), so no later selection does it again."""
+    q = _queue(tmp_path, _entry(_item("a")), _entry(_item("b"), epic="other"))
+    a = _by_title(q, "a")
+    ed = Editor(q.path, tmp_path / "ed").load()
+    q.claim(a, "evolve:cycle-1", "2026-01-01T00:00:01Z")
+    ed.save()  # the queue is now the editor's buffer: "a" unclaimed
+    assert _items(q.path)["a"].get("claim_status") is None  # (the stale save did land)
+    q.finalize(a, "evolve:cycle-1", "2026-01-01T00:00:02Z")
+    items = _items(q.path)
+    assert (items["a"]["consumed"], items["a"]["claim_status"], items["a"]["claimed_by"]) == (
+        True, "consumed", "evolve:cycle-1")
+    assert items["b"].get("claim_status") is None  # the item nobody touched is as it was
+    assert [w.title for w in HarvestedQueue(q.path).candidates()] == ["b"]  # "a" is never done again
+    _parses(q.path)
+
+
+@pytest.mark.parametrize("mode", ["rename", "backup"])
+def test_a_stale_save_after_finalize_and_release_leaves_no_claim_in_progress(tmp_path: Path, mode: str) -> None:
+    """The editor loaded the queue while two items were claimed and saves after one was finalized and
+    the other released: both come back ``in_progress`` under a claimer that is done with them. The next
+    read re-applies the finalize and the release; nothing stays claimed, nothing is done twice."""
+    q = _queue(tmp_path, _entry(_item("a"), _item("b")), _entry(_item("c"), epic="other"))
+    a, b = _by_title(q, "a"), _by_title(q, "b")
+    q.claim(a, "evolve:cycle-1", "2026-01-01T00:00:01Z")
+    q.claim(b, "evolve:cycle-2", "2026-01-01T00:00:02Z")
+    ed = Editor(q.path, tmp_path / "ed", mode).load()
+    q.finalize(a, "evolve:cycle-1", "2026-01-01T00:00:03Z")
+    q.release(b, "evolve:cycle-2", "2026-01-01T00:00:04Z", "failed")
+    ed.save()
+    assert {_items(q.path)[t]["claim_status"] for t in "ab"} == {"in_progress"}  # what the save brought back
+    fresh = HarvestedQueue(q.path)  # a new fire's first read
+    assert sorted(w.title for w in fresh.candidates()) == ["b", "c"]
+    items = _items(q.path)
+    assert (items["a"]["consumed"], items["a"]["claim_status"]) == (True, "consumed")
+    assert (items["b"]["claim_status"], items["b"]["claimed_by"], items["b"]["failed_at"]) == (
+        "available", None, "2026-01-01T00:00:04Z")
+    assert sorted(w.title for w in q.candidates()) == ["b", "c"]  # the first queue agrees
+    _parses(q.path)
+
+
+def test_a_deliberate_requeue_stands_where_a_stale_save_is_undone(tmp_path: Path) -> None:
+    """One save carries both: item "a", which the operator requeued by hand (consumed back to false,
+    claim_status to available, as they saw it consumed), and item "b", which evolve finalized after the
+    buffer was loaded (the buffer still has it in progress). "a" stays requeued and is selectable;
+    "b" is consumed again. An item the operator edited otherwise (a title typo fixed) keeps its edit."""
+    q = _queue(tmp_path, _entry(_item("a")), _entry(_item("b")), _entry(_item("c")))
+    a, b, c = (_by_title(q, t) for t in "abc")
+    q.claim(a, "evolve:cycle-1", "2026-01-01T00:00:01Z")
+    q.finalize(a, "evolve:cycle-1", "2026-01-01T00:00:02Z")
+    q.claim(b, "evolve:cycle-2", "2026-01-01T00:00:03Z")
+    q.claim(c, "evolve:cycle-3", "2026-01-01T00:00:04Z")
+    ed = Editor(q.path, tmp_path / "ed").load()
+    q.finalize(b, "evolve:cycle-2", "2026-01-01T00:00:05Z")
+    ed.save({"a": {"consumed": False, "claim_status": "available"}, "c": {"description": "do c, carefully"}})
+    fresh = HarvestedQueue(q.path)
+    assert sorted(w.title for w in fresh.candidates()) == ["a"]  # requeued by hand: selectable again
+    items = _items(q.path)
+    assert (items["a"]["consumed"], items["a"]["claim_status"]) == (False, "available")
+    assert (items["b"]["consumed"], items["b"]["claim_status"]) == (True, "consumed")
+    assert (items["c"]["claim_status"], items["c"]["description"]) == ("in_progress", "do c, carefully")
+    q.finalize(c, "evolve:cycle-3", "2026-01-01T00:00:06Z")  # the operator's edit of "c" is no claim change
+    assert (_items(q.path)["c"]["consumed"], _items(q.path)["c"]["description"]) == (True, "do c, carefully")
+    again = fresh.candidates()[0]
+    fresh.claim(again, "evolve:cycle-4", "2026-01-01T00:00:07Z")  # and the requeued item can be done again
+    fresh.finalize(again, "evolve:cycle-4", "2026-01-01T00:00:08Z")
+    assert _items(q.path)["a"]["consumed_by"] == "evolve:cycle-4"
+    _parses(q.path)
+
+
+def test_a_backup_save_while_an_edit_waits_for_the_lock_is_no_crash(tmp_path: Path) -> None:
+    """vim's save renames the queue aside, then writes a new file under its name. An edit that was
+    waiting for the lock meanwhile finds the name missing (it raised FileNotFoundError, uncaught) and
+    then a new file: it claims the item in the file that is there now."""
+    import fcntl
+
+    q = _queue(tmp_path, _entry(_item("a")), _entry(_item("b")))
+    a = _by_title(q, "a")
+    holder = os.open(q.path, os.O_RDWR)
+    fcntl.flock(holder, fcntl.LOCK_EX)  # another editor at work: our claim waits
+    errors: list[BaseException] = []
+
+    def claim() -> None:
+        try:
+            q.claim(a, "evolve:cycle-1", "2026-01-01T00:00:01Z")
+        except BaseException as exc:
+            errors.append(exc)
+
+    ed = Editor(q.path, tmp_path / "ed", "backup", hold=True).load()
+    t = threading.Thread(target=claim)
+    t.start()
+    ed.save(wait=False)
+    _wait(lambda: (ed.marks / "aside").exists(), "the editor's rename aside")
+    os.close(holder)  # the lock is free, the queue's name is missing
+    t.join(timeout=1.0)  # (the claim may finish now, or wait for the name to come back)
+    (ed.marks / "write").touch()
+    ed.done()
+    t.join(timeout=WAIT_S)
+    assert not t.is_alive() and errors == [], errors
+    items = _items(q.path)
+    assert (items["a"]["claim_status"], items["a"]["claimed_by"]) == ("in_progress", "evolve:cycle-1")
+    assert [w.title for w in HarvestedQueue(q.path).candidates()] == ["b"]
+    _parses(q.path)
+
+
+# -- a line written in two write()s ----------------------------------------------------------------
+
+# An appender that writes each line in two write() calls when told: the first half, then (when told
+# again) the rest with its newline. It says when each half is out.
+HALVES = textwrap.dedent(r"""
+    import os, sys, time, orjson
+    path, marks, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    def wait(name):
+        end = time.monotonic() + 120
+        while not os.path.exists(os.path.join(marks, name)):
+            if time.monotonic() > end:
+                sys.exit(3)
+            time.sleep(0.002)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    for k in range(n):
+        line = orjson.dumps({"source_epic": "halves", "items": [{"title": f"half-{k}", "type": "task"}]})
+        wait(f"start-{k}")
+        os.write(fd, line[: len(line) // 2])
+        open(os.path.join(marks, f"half-{k}"), "w").close()
+        wait(f"rest-{k}")
+        os.write(fd, line[len(line) // 2 :] + b"\n")
+        open(os.path.join(marks, f"whole-{k}"), "w").close()
+    os.close(fd)
+""")
+
+
+def _halves(path: Path, marks: Path, n: int) -> subprocess.Popen[bytes]:
+    marks.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen([sys.executable, "-c", HALVES, str(path), str(marks), str(n)])
+
+
+def _during_half(marks: Path, k: int, action) -> None:
+    """Run ``action`` while line ``k``'s first half is out; let the appender finish the line once the
+    action is done or has had a moment (an edit that waits for the line to end is then still waiting)."""
+    (marks / f"start-{k}").touch()
+    _wait(lambda: (marks / f"half-{k}").exists(), f"half of line {k}")
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            action()
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(timeout=0.5)
+    (marks / f"rest-{k}").touch()
+    t.join(timeout=WAIT_S)
+    assert not t.is_alive() and errors == [], errors
+    _wait(lambda: (marks / f"whole-{k}").exists(), f"the rest of line {k}")
+
+
+def test_a_line_in_two_writes_is_never_split_by_a_move_or_an_append(tmp_path: Path) -> None:
+    """While an appender's line is half written, evolve moves a line that outgrew its place (its copy
+    goes to the end) and appends a follow-up entry: both wait for the line to end and start on a line of
+    their own. Every line parses; the appender's lines, the moved item and the follow-up are each live
+    exactly once."""
+    q = _queue(tmp_path, _entry(_item("a")), _entry(_item("b")))
+    marks = tmp_path / "halves"
+    app = _halves(q.path, marks, 3)
+    a = _by_title(q, "a")
+    _during_half(marks, 0, lambda: q.claim(a, "evolve:cycle-1", "2026-01-01T00:00:01Z"))  # a move
+    _during_half(marks, 1, lambda: q.append_entry(_entry(_item("follow-up"), epic="evolve-cycle-1")))
+    b = _by_title(q, "b")
+    _during_half(marks, 2, lambda: q.claim(b, "evolve:cycle-2", "2026-01-01T00:00:02Z"))
+    assert app.wait(timeout=WAIT_S) == 0
+    _parses(q.path)
+    items = _items(q.path)
+    assert sorted(items) == ["a", "b", "follow-up", "half-0", "half-1", "half-2"]
+    assert items["a"]["claim_status"] == items["b"]["claim_status"] == "in_progress"
+    assert sorted(w.title for w in HarvestedQueue(q.path).candidates()) == ["follow-up", "half-0", "half-1", "half-2"]
+
+
+def test_a_dead_appenders_half_line_is_left_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An appender killed mid-line never finishes it: once it has not changed for the wait
+    (``inplace.TORN_WAIT_S``, shortened here), evolve starts its own line on a fresh line after it, and
+    the half line stays as it was (one malformed line), never overwritten or joined."""
+    from evolve.store import inplace
+
+    monkeypatch.setattr(inplace, "TORN_WAIT_S", 0.2, raising=False)
+    q = _queue(tmp_path, _entry(_item("a")))
+    half = orjson.dumps(_entry(_item("dead")))[:25]
+    with open(q.path, "ab") as fh:
+        fh.write(half)
+    q.append_entry(_entry(_item("follow-up"), epic="evolve-cycle-1"))
+    a = _by_title(q, "a")
+    q.claim(a, "evolve:cycle-1", "2026-01-01T00:00:01Z")
+    lines = q.path.read_bytes().split(b"\n")
+    assert half in lines  # the half line, left as the appender left it, on a line of its own
+    assert lines[-1] == b""
+    items = _items(q.path)
+    assert sorted(items) == ["a", "follow-up"] and items["a"]["claim_status"] == "in_progress"
+
+
+def test_the_queue_gone_for_a_while_loses_no_finalize(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The queue is moved away during the cycle (longer than an edit waits for its name to come back)
+    and then restored as it was when the cycle began: the finalize made meanwhile is applied to it."""
+    from evolve.work import harvested
+
+    monkeypatch.setattr(harvested, "REAPPEAR_S", 0.05, raising=False)
+    q = _queue(tmp_path, _entry(_item("a")), _entry(_item("b")))
+    a = _by_title(q, "a")
+    saved = q.path.read_bytes()
+    q.claim(a, "evolve:cycle-1", "2026-01-01T00:00:01Z")
+    q.path.rename(tmp_path / "aside.jsonl")
+    q.finalize(a, "evolve:cycle-1", "2026-01-01T00:00:02Z")  # no queue now
+    q.path.write_bytes(saved)  # back, as it was before the claim
+    assert [w.title for w in HarvestedQueue(q.path).candidates()] == ["b"]
+    items = _items(q.path)
+    assert (items["a"]["consumed"], items["a"]["claim_status"]) == (True, "consumed")
+
+
+# -- real fires ------------------------------------------------------------------------------------
+
+
+def _held(path: str, marks: Path, name: str) -> dict[str, Any]:
+    """An improved step that says it runs (``marks/name``), then waits for ``marks/name.go``."""
+    step = improved_step(path)
+    step["write"] = [*step["write"], {"path": str(marks / name), "content": "running\n"}]
+    return {**step, "wait_for": str(marks / f"{name}.go")}
+
+
+def _fire(env: Env, *args: str, **extra: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "evolve", "--repo", str(env.repo), "fire", *args],
+                          capture_output=True, env=env.env(**extra), timeout=WAIT_S)
+
+
+def test_editors_saving_during_a_fire_undo_none_of_its_claims(env: Env) -> None:
+    """The reported run: while a four-cycle fire works through one entry, an editor that loaded the
+    queue before the fire saves during cycle 1 (cycle 1's claim undone), and one that saves vim's way
+    loads during cycle 2 and saves during cycle 3 (cycle 2's finalize and cycle 3's claim undone).
+    Every cycle does a different item, nothing is left in progress, the ledger and the queue agree, and
+    the fire never crashes."""
+    marks = env.root / "marks"
+    marks.mkdir()
+    history = History()
+    titles = [f"item-{k}" for k in range(5)]
+    env.queue(entry(*titles))
+    history.append(titles)
+    env.steps([_held("src/a.txt", marks, "c1"), _held("src/b.txt", marks, "c2"), _held("src/c.txt", marks, "c3"),
+               improved_step("src/d.txt")])
+    env.write_config(agent={"timeout_s": 600, "idle_timeout_s": 600})
+    gitw = GitWatch(env)
+    gitw.plant()
+    q = env.paths.nextwork
+    e1 = Editor(q, marks / "e1").load()
+    fire = subprocess.Popen([sys.executable, "-m", "evolve", "--repo", str(env.repo), "fire", "--cycles", "4"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env.env())
+
+    def agent(name: str) -> None:
+        _wait(lambda: (marks / name).exists() or fire.poll() is not None, f"the agent of {name}")
+        assert fire.poll() is None, fire.communicate()[1].decode()[-3000:]
+
+    agent("c1")
+    e1.save()
+    (marks / "c1.go").touch()
+    agent("c2")
+    e2 = Editor(q, marks / "e2", "backup").load()
+    (marks / "c2.go").touch()
+    agent("c3")
+    e2.save()
+    (marks / "c3.go").touch()
+    _out, err = fire.communicate(timeout=WAIT_S)
+    assert fire.returncode == 0, err.decode()[-3000:]
+    assert b"Traceback" not in err, err.decode()[-3000:]
+    ledger = env.ledger()
+    assert [e["result"] for e in ledger] == ["improved"] * 4
+    refs = [e["work_ref"] for e in ledger]
+    assert len(set(refs)) == 4, refs  # four different items: none done twice
+    history.observe(env, 1)  # nothing in progress; consumed exactly the items the ledger says
+    assert sorted(e["event"] for e in _events(err) if e["event"].startswith("queue.")) == (
+        ["queue.reapplied"] * 3)  # cycle 1's claim, cycle 2's finalize, cycle 3's claim
+    _parses(q)
+    gitw.check()
+
+
+def _events(err: bytes) -> list[dict[str, Any]]:
+    out = []
+    for line in err.splitlines():
+        try:
+            obj = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(obj, dict) and "event" in obj:
+            out.append(obj)
+    return out
