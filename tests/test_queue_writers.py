@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 import pytest
 from invariants import GitWatch, History
-from support import Env, entry, improved_step, live
+from support import Env, entry, git, improved_step, live
 
 from evolve.work.harvested import HarvestedQueue
 
@@ -462,3 +462,204 @@ def _events(err: bytes) -> list[dict[str, Any]]:
         if isinstance(obj, dict) and "event" in obj:
             out.append(obj)
     return out
+
+
+# -- kills at every step of an edit, with an editor or an appender at work -------------------------
+
+# (point, editor, appender): where the fire dies (evolve/crashpoint.py; a fire of two cycles over one
+# entry: cycle 1 claims item-0, a move, and finalizes it; cycle 2 claims item-1 and fails, a release),
+# when an editor loads the queue it saves after the kill ("before" the fire: a stale save of
+# everything the fire wrote; "after" the kill: a save of the half-done state), and whether an appender
+# has half a line out while the fire edits.
+KILLS = [
+    ("queue.record:1", "before", False),  # the claim recorded, the queue untouched
+    ("queue.journal:1", "before", False),  # … its redo journal written
+    ("queue.replace:1", "before", False),  # … its copy appended, the old line not yet a tombstone
+    ("queue.replace:1", "after", False),  # (the save keeps both the old line and the copy)
+    ("queue.record:2", "before", False),  # the finalize recorded
+    ("queue.journal:2", "after", False),  # … its journal written
+    ("queue.record:4", "before", False),  # cycle 2's release recorded
+    ("queue.journal:4", "after", False),  # … its journal written
+    ("agent.running:2", "before", False),  # cycle 2's agent running (the kill from outside the queue code)
+    ("queue.torn:1", "after", True),  # the claim's move waiting for the appender's half line to end
+]
+LOOP = [improved_step("src/a.txt"), {"report": {"result": "failed", "summary": "could not"}}]
+
+
+def _repo(root: Path) -> Env:
+    """A fresh repository wired to the scripted agent, as the ``env`` fixture makes one."""
+    repo = root / "repo"
+    repo.mkdir(parents=True)
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "README.md").write_text("# test repo\n", encoding="utf-8")
+    git(repo, "add", "README.md")
+    git(repo, "commit", "-q", "-m", "initial")
+    (repo / ".agents").mkdir()
+    (repo / ".agents" / ".gitignore").write_text("*\n", encoding="utf-8")
+    e = Env(root=root, repo=repo, xdg=root / "xdg", script=root / "agent.json")
+    e.write_config(
+        agent={"runner": "command", "argv": [sys.executable, "-m", "evolve.agent.scripted", "--script", str(e.script)],
+               "timeout_s": 60, "idle_timeout_s": 30, "pass_env": ["PYTHONPATH"]},
+        fire={"max_cycles": 5},
+    )
+    e.steps(LOOP, loop=True)
+    return e
+
+
+def _trial(env: Env, point: str, editor: str, appender: bool) -> None:
+    history = History()
+    titles = ["item-0", "item-1", "item-2"]
+    env.queue(entry(*titles))
+    history.append(titles)
+    gitw = GitWatch(env)
+    gitw.plant()
+    q = env.paths.nextwork
+    marks = env.root / "halves"
+    app = _halves(q, marks, 1) if appender else None
+    if app is not None:
+        (marks / "start-0").touch()
+        _wait(lambda: (marks / "half-0").exists(), "the appender's half line")
+        history.append(["half-0"])
+    ed = Editor(q, env.root / "editor").load() if editor == "before" else None
+    r = _fire(env, "--cycles", "2", EVOLVE_CRASHPOINT=point)
+    assert r.returncode == -9, (r.returncode, r.stderr.decode()[-2000:])  # died where it was told to
+    if app is not None:
+        (marks / "rest-0").touch()
+        assert app.wait(timeout=WAIT_S) == 0
+    if ed is None:
+        ed = Editor(q, env.root / "editor").load()
+    ed.save()
+    History.claims_held(env)  # before any recovery: in progress only what session-state records
+    rec = _fire(env, "--cycles", "1")  # the recovery (and one cycle)
+    assert rec.returncode == 0, rec.stderr.decode()[-3000:]
+    assert b"Traceback" not in rec.stderr, rec.stderr.decode()[-3000:]
+    state = env.state()
+    assert state["fire"] is None and state["claimed_work"] is None, state
+    _parses(q)
+    history.observe(env, 1)  # every line once, nothing in progress, consumed exactly when the ledger says
+    gitw.check()
+    more = _fire(env, "--cycles", "4")  # and on: no item is done twice
+    assert more.returncode == 0, more.stderr.decode()[-3000:]
+    _parses(q)
+    history.observe(env, 2)
+    gitw.check()
+
+
+def test_a_fire_killed_at_every_step_of_an_edit_with_an_editor_or_appender_at_work(tmp_path: Path) -> None:
+    """Each of :data:`KILLS` in a repository of its own: the fire dies there, the editor saves, a
+    recovery fire and four more cycles run; after each, every invariant of tests/invariants.py."""
+    failed = []
+    for n, (point, editor, appender) in enumerate(KILLS):
+        try:
+            _trial(_repo(tmp_path / f"t{n}"), point, editor, appender)
+        except AssertionError as exc:
+            failed.append(f"{point} (editor {editor}{', appender' if appender else ''}): {str(exc)[:600]}")
+    assert not failed, "\n".join(failed)
+
+
+def test_a_requeue_by_hand_is_taken_again_and_a_stale_claim_is_not(env: Env) -> None:
+    """A two-cycle fire consumes item-0 and item-1. The operator's editor loaded the queue while
+    cycle 2 ran (item-0 consumed, item-1 in progress); in that buffer they requeue item-0 by hand, and
+    save after the fire. The next fire does item-0 again (the requeue stands) and leaves item-1 alone:
+    its finalize, which the save undid, is applied again (its claim does not stay in progress)."""
+    marks = env.root / "marks"
+    marks.mkdir()
+    env.queue(entry("item-0", "item-1", "item-2"))
+    env.steps([improved_step("src/a.txt"), _held("src/b.txt", marks, "c2"), improved_step("src/c.txt")])
+    env.write_config(agent={"timeout_s": 600, "idle_timeout_s": 600})
+    gitw = GitWatch(env)
+    gitw.plant()
+    q = env.paths.nextwork
+    fire = subprocess.Popen([sys.executable, "-m", "evolve", "--repo", str(env.repo), "fire", "--cycles", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env.env())
+    _wait(lambda: (marks / "c2").exists() or fire.poll() is not None, "the agent of cycle 2")
+    ed = Editor(q, marks / "ed").load()
+    (marks / "c2.go").touch()
+    _out, err = fire.communicate(timeout=WAIT_S)
+    assert fire.returncode == 0, err.decode()[-3000:]
+    ed.save({"item-0": {"consumed": False, "claim_status": "available"}})
+    items = _items(q)
+    assert (items["item-0"]["claim_status"], items["item-1"]["claim_status"]) == ("available", "in_progress")
+    r = _fire(env, "--cycles", "1")
+    assert r.returncode == 0, r.stderr.decode()[-3000:]
+    ledger = env.ledger()
+    assert [e["work_ref"].rsplit("=", 1)[1] for e in ledger] == ["item-0", "item-1", "item-0"]
+    items = _items(q)
+    assert (items["item-0"]["consumed"], items["item-0"]["consumed_by"]) == (True, "evolve:cycle-3")
+    assert (items["item-1"]["consumed"], items["item-1"]["consumed_by"]) == (True, "evolve:cycle-2")
+    assert items["item-2"].get("claim_status") is None
+    names = [e["event"] for e in _events(r.stderr)]
+    assert names.count("queue.reapplied") == 1 and names.count("queue.edit_kept") == 1, names
+    _parses(q)
+    gitw.check()
+
+
+# An editor at work for a while. Round k: when told (``go-k``), load; wait until evolve has replaced
+# its redo journal ``k % 4 + 1`` times since (at each edit, before and after it writes), or for 5 s;
+# save (by rename, or vim's way every other round); say so (``saved-k``).
+EDITOR_LOOP = textwrap.dedent(r"""
+    import os, sys, time
+    path, rounds, marks = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    d, base = os.path.split(path)
+    journal = os.path.join(d, "." + base + ".redo")
+    def sig():
+        try:
+            st = os.stat(journal)
+            return (st.st_ino, st.st_mtime_ns)
+        except FileNotFoundError:
+            return None
+    for k in range(rounds):
+        end = time.monotonic() + 120
+        while not os.path.exists(os.path.join(marks, f"go-{k}")) and time.monotonic() < end:
+            time.sleep(0.001)
+        with open(path, "rb") as fh:
+            buf = fh.read()
+        seen, changes, end = sig(), 0, time.monotonic() + 5
+        while changes < k % 4 + 1 and time.monotonic() < end:
+            if sig() != seen:
+                seen, changes = sig(), changes + 1
+            time.sleep(0.0005)
+        if k % 2:
+            os.rename(path, path + "~")
+            with open(path, "wb") as fh:
+                fh.write(buf)
+            os.unlink(path + "~")
+        else:
+            tmp = os.path.join(d, "." + base + ".swp")
+            with open(tmp, "wb") as fh:
+                fh.write(buf)
+            os.rename(tmp, path)
+        open(os.path.join(marks, f"saved-{k}"), "w").close()
+""")
+ROUNDS = 12
+
+
+def test_an_editor_saving_stale_buffers_during_fire_after_fire(env: Env) -> None:
+    """For each of twelve fires, an editor loads the queue as the fire starts and saves it during
+    the fire, after its first, second, third or fourth journal write (or after the fire): no fire
+    crashes, no item is done twice, no claim is left in progress, every line is there once, and every
+    line parses."""
+    history = History()
+    titles = [f"item-{k}" for k in range(8)]
+    env.queue(entry(*titles[:4]), entry(*titles[4:], epic="e2"))
+    history.append(titles)
+    env.steps(LOOP, loop=True)
+    gitw = GitWatch(env)
+    gitw.plant()
+    q = env.paths.nextwork
+    marks = env.root / "marks"
+    marks.mkdir()
+    ed = subprocess.Popen([sys.executable, "-c", EDITOR_LOOP, str(q), str(ROUNDS), str(marks)])
+    for k in range(ROUNDS):
+        (marks / f"go-{k}").touch()
+        r = _fire(env, "--cycles", "1")
+        assert r.returncode == 0 and b"Traceback" not in r.stderr, r.stderr.decode()[-3000:]
+        _wait(lambda k=k: (marks / f"saved-{k}").exists() or ed.poll() is not None, f"the editor's save {k}")
+        history.observe(env, k)
+    assert ed.wait(timeout=WAIT_S) == 0
+    r = _fire(env, "--cycles", "1")  # one more after the editor's last save
+    assert r.returncode == 0, r.stderr.decode()[-3000:]
+    _parses(q)
+    history.observe(env, ROUNDS)
+    assert len(env.ledger()) == ROUNDS + 1
+    gitw.check()
