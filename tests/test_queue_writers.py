@@ -469,8 +469,9 @@ def _events(err: bytes) -> list[dict[str, Any]]:
 # (point, editor, appender): where the fire dies (evolve/crashpoint.py; a fire of two cycles over one
 # entry: cycle 1 claims item-0, a move, and finalizes it; cycle 2 claims item-1 and fails, a release),
 # when an editor loads the queue it saves after the kill ("before" the fire: a stale save of
-# everything the fire wrote; "after" the kill: a save of the half-done state), and whether an appender
-# has half a line out while the fire edits.
+# everything the fire wrote; "after" the kill: a save of the half-done state; "across": loaded after
+# the kill, saved after the recovery fire settled it), and whether an appender has half a line out
+# while the fire edits.
 KILLS = [
     ("queue.record:1", "before", False),  # the claim recorded, the queue untouched
     ("queue.journal:1", "before", False),  # … its redo journal written
@@ -481,6 +482,7 @@ KILLS = [
     ("queue.record:4", "before", False),  # cycle 2's release recorded
     ("queue.journal:4", "after", False),  # … its journal written
     ("agent.running:2", "before", False),  # cycle 2's agent running (the kill from outside the queue code)
+    ("queue.replace:1", "across", False),  # (loaded after the kill, saved after the recovery fire)
     ("queue.torn:1", "after", True),  # the claim's move waiting for the appender's half line to end
 ]
 LOOP = [improved_step("src/a.txt"), {"report": {"result": "failed", "summary": "could not"}}]
@@ -528,11 +530,16 @@ def _trial(env: Env, point: str, editor: str, appender: bool) -> None:
         assert app.wait(timeout=WAIT_S) == 0
     if ed is None:
         ed = Editor(q, env.root / "editor").load()
-    ed.save()
+    if editor != "across":
+        ed.save()
     History.claims_held(env)  # before any recovery: in progress only what session-state records
     rec = _fire(env, "--cycles", "1")  # the recovery (and one cycle)
     assert rec.returncode == 0, rec.stderr.decode()[-3000:]
     assert b"Traceback" not in rec.stderr, rec.stderr.decode()[-3000:]
+    if editor == "across":
+        ed.save()
+        rec = _fire(env, "--cycles", "1")
+        assert rec.returncode == 0 and b"Traceback" not in rec.stderr, rec.stderr.decode()[-3000:]
     state = env.state()
     assert state["fire"] is None and state["claimed_work"] is None, state
     _parses(q)

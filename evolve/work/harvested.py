@@ -919,12 +919,14 @@ class HarvestedQueue:
         if not self._check_due:
             return False
         self._check_due = False
+        chains = {k: c for k, c in record.chains.items() if k in self._watch}  # (later ones: their writer checks)
+        found = {k: self._occurrences(edit, k) for k in chains}
+        # Lines a move left behind come out first, for every chain: an entry's line holds several items.
+        left = {o.line: (o, chains[k]) for k in chains for o in decide(chains[k], found[k]).leftovers}
         dirty = False
-        for key, chain in list(record.chains.items()):
-            if key not in self._watch:
-                continue  # recorded after this index was built: its writer checks it
-            found = self._occurrences(edit, key)
-            d = decide(chain, found)
+        for key, chain in chains.items():
+            here = [o for o in found[key] if o.line not in left]
+            d = decide(chain, here)
             if d.verdict == REAPPLY:
                 assert d.target is not None
                 edit.reapply(d.target, chain)
@@ -933,16 +935,15 @@ class HarvestedQueue:
             elif d.verdict == DROP:
                 del record.chains[key]
                 dirty = True
-                self._note_reconciled("queue.edit_kept", found[0] if found else None, chain, "the item was "
+                self._note_reconciled("queue.edit_kept", here[0] if here else None, chain, "the item was "
                                       "changed (or removed) by someone else since evolve's write: that stands")
-            else:
-                for o in d.leftovers:
-                    edit.tomb(o.line)
-                    self._note_reconciled("queue.copy_removed", o, chain, "a save kept the line evolve had "
-                                          "moved beside its copy")
-                if d.chain is not None:
-                    record.chains[key] = d.chain
-                    dirty = True
+            elif d.chain is not None:
+                record.chains[key] = d.chain
+                dirty = True
+        for li, (o, chain) in sorted(left.items()):
+            edit.tomb(li)
+            self._note_reconciled("queue.copy_removed", o, chain, "a save brought back a line evolve had moved, "
+                                  "beside its copy: a tombstone again")
         return dirty
 
     def _occurrences(self, edit: _Edit, key: str) -> list[Occurrence]:

@@ -17,9 +17,11 @@ item in the file (:func:`decide`, pure):
 * anything else, or the item gone → someone changed it deliberately (a requeue by hand): the change
   stands and the chain is dropped.
 
-A copy of a line evolve moved that a stale save kept beside the original (it was loaded between the
-move's append and its tombstone) is told by its bytes: the line is byte for byte the one evolve moved,
-and evolve's own state of the item is in the file after it; it is made a tombstone, as the move would have.
+A line evolve moved (its copy appended, the line made a tombstone) that a save brings back beside the
+copy (the buffer was loaded between the two, or after a fire died there) is told by its bytes: the
+line is byte for byte one evolve replaced, its item one of the prior states, and a different line
+with the same item follows it. It is made a tombstone, as the move would have made it, and the
+decision above is taken over the other occurrences.
 
 The record holds no byte of the operator's: items are known by a digest of their ref (and a CRC-32 of
 it, a cheap first test while the file is parsed), states by digests, and the only values are those
@@ -74,7 +76,7 @@ class Chain:
     unsets: tuple[str, ...] = ()  # fields its writes removed
     prior: tuple[str, ...] = ()  # digests of the states the item had before, oldest first
     entry: dict[str, Any] | None = None  # entry fields the last write set too (a finalize that consumed the entry)
-    line: str = ""  # line_digest of the bytes of the line the last write replaced
+    lines: tuple[str, ...] = ()  # line_digest of the bytes of each line evolve's writes replaced, oldest first
     op: str = ""
     at: str = ""
 
@@ -91,20 +93,22 @@ class Chain:
 
     def to_json(self) -> dict[str, Any]:
         return {"key": self.key, "tag": self.tag, "last": self.last, "sets": self.sets, "unsets": list(self.unsets),
-                "prior": list(self.prior), "entry": self.entry, "line": self.line, "op": self.op, "at": self.at}
+                "prior": list(self.prior), "entry": self.entry, "lines": list(self.lines), "op": self.op,
+                "at": self.at}
 
     @staticmethod
     def from_json(obj: Any) -> Chain | None:
         if not isinstance(obj, dict):
             return None
         key, tag, last, sets = obj.get("key"), obj.get("tag"), obj.get("last"), obj.get("sets")
-        prior, unsets, entry = obj.get("prior"), obj.get("unsets"), obj.get("entry")
+        prior, unsets, entry, lines = obj.get("prior"), obj.get("unsets"), obj.get("entry"), obj.get("lines")
         if not (isinstance(key, str) and isinstance(tag, int) and isinstance(last, str) and isinstance(sets, dict)
-                and isinstance(prior, list) and isinstance(unsets, list)):
+                and isinstance(prior, list) and isinstance(unsets, list) and isinstance(lines, list)):
             return None
         return Chain(key=key, tag=tag, last=last, sets=sets, unsets=tuple(u for u in unsets if isinstance(u, str)),
                      prior=tuple(p for p in prior if isinstance(p, str)),
-                     entry=entry if isinstance(entry, dict) else None, line=str(obj.get("line") or ""),
+                     entry=entry if isinstance(entry, dict) else None,
+                     lines=tuple(x for x in lines if isinstance(x, str)),
                      op=str(obj.get("op") or ""), at=str(obj.get("at") or ""))
 
 
@@ -125,25 +129,25 @@ KEEP, REAPPLY, DROP = "keep", "reapply", "drop"
 class Decision:
     verdict: str
     target: Occurrence | None = None  # REAPPLY: the occurrence to write evolve's fields over
-    leftovers: tuple[Occurrence, ...] = ()  # KEEP: lines a move left behind that a stale save kept
+    leftovers: tuple[Occurrence, ...] = ()  # lines a move left behind that a save brought back: tombstones
     chain: Chain | None = None  # KEEP: the chain as it should now be recorded (None: unchanged)
 
 
 def decide(chain: Chain, found: Iterable[Occurrence]) -> Decision:
-    """What to do about ``chain`` given the items in the file with its ref, in file order."""
-    found = list(found)
-    ours = [o for o in found if chain.holds(o.item)]
+    """What to do about ``chain`` given the items in the file with its ref (in file order)."""
+    found = sorted(found, key=lambda o: (o.line, o.index))
+    left = tuple(o for o in found if o.raw in chain.lines and digest(o.item) in chain.prior
+                 and any(p.line > o.line and p.raw != o.raw for p in found))
+    rest = [o for o in found if o not in left]
+    ours = [o for o in rest if chain.holds(o.item)]
     if ours:
-        keep = ours[0]
-        left = tuple(o for o in found if o.line < keep.line and chain.line and o.raw == chain.line
-                     and digest(o.item) in chain.prior)
-        now = digest(keep.item)
+        now = digest(ours[0].item)
         new = None if now == chain.last else replace(chain, last=now, prior=_bounded((*chain.prior, chain.last)))
         return Decision(KEEP, leftovers=left, chain=new)
-    stale = [o for o in found if digest(o.item) in chain.prior]
+    stale = [o for o in rest if digest(o.item) in chain.prior]
     if stale:
-        return Decision(REAPPLY, target=stale[0])
-    return Decision(DROP)
+        return Decision(REAPPLY, target=stale[0], leftovers=left)
+    return Decision(DROP, leftovers=left)
 
 
 def noted(chains: dict[str, Chain], ref: str, before: dict[str, Any], after: dict[str, Any], *, op: str,
@@ -162,13 +166,14 @@ def noted(chains: dict[str, Chain], ref: str, before: dict[str, Any], after: dic
         prior = _bounded((*old.prior, old.last, b))
         sets = {k: v for k, v in old.sets.items() if k not in removed}
         unsets = set(old.unsets) - set(changed)
+        lines = old.lines
     else:
-        prior, sets, unsets = (b,), {}, set()
+        prior, sets, unsets, lines = (b,), {}, set(), ()
     sets.update(changed)
     unsets |= removed
     out = {k: v for k, v in chains.items() if k != key}
     out[key] = Chain(key=key, tag=ref_tag(ref), last=digest(after), sets=sets, unsets=tuple(sorted(unsets)),
-                     prior=prior, entry=entry, line=line, op=op, at=at)
+                     prior=prior, entry=entry, lines=_bounded((*lines, line)) if line else lines, op=op, at=at)
     while len(out) > MAX_CHAINS:
         del out[next(iter(out))]
     return out
