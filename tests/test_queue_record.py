@@ -141,3 +141,23 @@ def test_the_record_file_round_trips_and_holds_no_byte_of_the_operators(tmp_path
         assert sorted(p.name for p in tmp_path.iterdir()) == [Record.name(q.name), q.name]  # no temp left
     finally:
         os.close(dfd)
+
+
+@pytest.mark.parametrize("entry", [
+    {"source_epic": "e", "items": [{"title": "a"}, {"title": "b", "dedup_key": "k"}, "junk", {"x": 1}]},
+    {"source_epic": None, "items": [{"title": 7}, {"title": "c", "dedup_key": ""}]},
+    {"title": "flat row", "source_epic": "legacy"},
+    {"title": "flat, keyed", "dedup_key": "fk"},
+    {"items": "not a list", "title": "t"},
+    {"source_epic": 0, "items": [{"title": "zero epic"}]},
+])
+def test_the_parse_finds_each_recorded_item_by_the_ref_a_claim_uses(tmp_path: Path, entry: dict) -> None:
+    """The queue's parse spells refs itself (for speed); it must spell them as ``item_ref`` does."""
+    from evolve.work.harvested import HarvestedQueue, entry_items, item_ref
+
+    q = HarvestedQueue(tmp_path / "next-work.jsonl")
+    refs = [item_ref(entry, it) for it in entry_items(entry)]
+    q._watch = frozenset(digest(r) for r in refs)
+    q._tags = frozenset(qr.ref_tag(r) for r in refs)
+    q._hit(3, entry)
+    assert q._hits == {digest(r): [(3, n)] for n, r in enumerate(refs)}

@@ -568,11 +568,20 @@ class HarvestedQueue:
         return out
 
     def _hit(self, li: int, entry: dict[str, Any]) -> None:
-        """Note where the items of line ``li`` are whose refs evolve's record holds."""
-        for ii, item in enumerate(entry_items(entry)):
-            ref = item_ref(entry, item)
-            if ref_tag(ref) in self._tags and (key := digest(ref)) in self._watch:
-                self._hits.setdefault(key, []).append((li, ii))
+        """Note where the items of line ``li`` are whose refs evolve's record holds. (Run for every item
+        of a file parsed from scratch while the record holds anything: :func:`item_ref` and
+        :func:`~evolve.work.queue_record.ref_tag` inlined, a CRC-32 first, the digest only on a match.)"""
+        items = entry.get("items")
+        if not isinstance(items, list):
+            items = [entry] if "title" in entry else []
+        epic = entry.get("source_epic") or ""
+        tags = self._tags
+        for ii, item in enumerate(i for i in items if isinstance(i, dict)):
+            key = item.get("dedup_key")
+            keyed = isinstance(key, str) and key
+            ref = f"dedup={key}" if keyed else f"source_epic={epic}:item={item.get('title', '')}"
+            if ref_tag(ref) in tags and (k := digest(ref)) in self._watch:
+                self._hits.setdefault(k, []).append((li, ii))
 
     def _ranked(self, li: int, entry: dict[str, Any]) -> Iterator[tuple[int, float | None]]:
         """``(rank key, claimed at)`` of line ``li``'s selectable items (``entry`` is its content);
