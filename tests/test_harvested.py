@@ -279,7 +279,10 @@ def test_partial_last_line_completed_by_an_append(tmp_path: Path) -> None:
     assert [w.title for w in q.candidates()] == ["a", "b"] and q.malformed == 0
 
 
-def test_file_removed_and_recreated(tmp_path: Path) -> None:
+def test_file_removed_and_recreated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from evolve.work import harvested
+
+    monkeypatch.setattr(harvested, "REAPPEAR_S", 0.05)  # (how long a read waits for a save vim's way)
     q = _q(tmp_path, _entry(_item("a")))
     assert len(q.candidates()) == 1
     q.path.unlink()

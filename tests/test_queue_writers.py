@@ -275,6 +275,24 @@ def test_a_backup_save_while_an_edit_waits_for_the_lock_is_no_crash(tmp_path: Pa
     _parses(q.path)
 
 
+def test_a_selection_during_a_backup_save_sees_the_queue_not_nothing(tmp_path: Path) -> None:
+    """A selection made while vim's save has the queue's name missing waits for the new file: it
+    sees the work there is (it saw no queue at all, and a fire went idle)."""
+    q = _queue(tmp_path, _entry(_item("a")), _entry(_item("b")))
+    assert [w.title for w in q.candidates()] == ["a", "b"]
+    ed = Editor(q.path, tmp_path / "ed", "backup", hold=True).load()
+    ed.save(wait=False)
+    _wait(lambda: (ed.marks / "aside").exists(), "the editor's rename aside")
+    seen: list[list[str]] = []
+    t = threading.Thread(target=lambda: seen.append([w.title for w in q.candidates()]))
+    t.start()
+    t.join(timeout=0.5)
+    (ed.marks / "write").touch()
+    ed.done()
+    t.join(timeout=WAIT_S)
+    assert seen == [["a", "b"]]
+
+
 # -- a line written in two write()s ----------------------------------------------------------------
 
 # An appender that writes each line in two write() calls when told: the first half, then (when told

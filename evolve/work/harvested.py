@@ -443,8 +443,12 @@ class HarvestedQueue:
         try:
             fd = os.open(self.path, os.O_RDONLY)
         except FileNotFoundError:
-            self._forget()
-            return None
+            # A file read before that is gone may be in the middle of a save vim's way (renamed aside,
+            # a new one being written): wait for it, once, rather than see no work at all.
+            fd = self._reopened() if self._ino is not None else None
+            if fd is None:
+                self._forget()
+                return None
         except OSError as exc:
             raise SourceError(f"cannot read {self.path}: {exc}") from exc
         try:
@@ -456,6 +460,16 @@ class HarvestedQueue:
                 raise SourceError(f"cannot read {self.path}: {exc}") from exc
             raise
         return fd
+
+    def _reopened(self) -> int | None:
+        end = time.monotonic() + REAPPEAR_S
+        delay = 0.001
+        while time.monotonic() < end:
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+            with contextlib.suppress(FileNotFoundError):
+                return os.open(self.path, os.O_RDONLY)
+        return None
 
     def _journal_sig(self) -> tuple[int, int, int] | None:
         """The stat of the queue's redo journal, replaced by every in-place edit (:mod:`evolve.store.inplace`)."""
