@@ -388,6 +388,36 @@ def test_a_dead_appenders_half_line_is_left_alone(tmp_path: Path, monkeypatch: p
     assert sorted(items) == ["a", "follow-up"] and items["a"]["claim_status"] == "in_progress"
 
 
+def test_a_half_line_that_lands_between_the_look_and_the_write_never_swallows_evolves_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race no look can close: another appender's first half lands right after evolve saw a whole
+    last line and before its own write. evolve's bytes, glued onto that half, are blanked and its line
+    written again on a line of its own: the moved item is live once, every other line as it was."""
+    from evolve.store import inplace
+
+    q = _queue(tmp_path, _entry(_item("a")), _entry(_item("b")))
+    half = orjson.dumps(_entry(_item("racer"), epic="racer"))[:40]
+    lead = inplace._lead
+
+    def look_then_race(fd: int) -> bytes:
+        got = lead(fd)
+        with open(q.path, "ab") as fh:  # the other appender, in the window after the look
+            fh.write(half)
+        return got
+
+    monkeypatch.setattr(inplace, "_lead", look_then_race)
+    a = _by_title(q, "a")
+    q.claim(a, "evolve:cycle-1", "2026-01-01T00:00:01Z")  # a move: its copy appended
+    monkeypatch.setattr(inplace, "_lead", lead)
+    lines = q.path.read_bytes().split(b"\n")
+    assert lines[-1] == b""
+    glued = [ln for ln in lines if ln.startswith(half)]
+    assert len(glued) == 1 and not glued[0][len(half):].strip()  # the half, then evolve's bytes blanked
+    items = _items(q.path)
+    assert sorted(items) == ["a", "b"] and items["a"]["claim_status"] == "in_progress"
+    assert [w.title for w in HarvestedQueue(q.path).candidates()] == ["b"]
+
+
 def test_the_queue_gone_for_a_while_loses_no_finalize(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The queue is moved away during the cycle (longer than an edit waits for its name to come back)
     and then restored as it was when the cycle began: the finalize made meanwhile is applied to it."""

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import os
 import time
@@ -186,7 +187,7 @@ def append_line(fd: int, line: bytes) -> int:
             os.fsync(fd)
             return start + len(lead)
         # Another writer's half line got in between: blank what we wrote after it, and go again.
-        _pwrite(fd, b" " * (len(data) - 1), start)
+        _overwrite(fd, b" " * (len(data) - 1), start)
         lead = b"\n"
 
 
@@ -194,8 +195,19 @@ def _write_appended(fd: int, data: bytes) -> None:
     n = os.write(fd, data)
     if n < len(data):  # a short write to a regular file: the disk is full. Leave blanks, not half a line.
         end = os.lseek(fd, 0, os.SEEK_CUR)
-        _pwrite(fd, b" " * n, end - n)
+        _overwrite(fd, b" " * n, end - n)
         raise OSError(errno.ENOSPC, "no space left to append to the queue")
+
+
+def _overwrite(fd: int, data: bytes, at: int) -> None:
+    """``pwrite`` at ``at`` through the ``O_APPEND`` descriptor ``fd`` (Linux would append it at the end
+    instead): O_APPEND is cleared for the write and set again."""
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_APPEND)
+    try:
+        _pwrite(fd, data, at)
+    finally:
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags)
 
 
 def _lead(fd: int) -> bytes:
