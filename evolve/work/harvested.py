@@ -23,7 +23,10 @@ parsed again only where it changed. Each call stats the file and then
 * same inode, larger size, the last ≤ 4 KiB of the indexed region unchanged and that region ending
   in a newline → the file only grew: just the appended lines are parsed and their items ranked in
   (after a racy read, the whole indexed region's hash is compared instead of its last 4 KiB);
-* anything else → the file is parsed again from scratch.
+* anything else → the file is parsed again from scratch. Another tool may have replaced it (an
+  editor's save by rename) with a buffer older than evolve's own writes, so evolve's record of its
+  lifecycle writes (:mod:`evolve.work.queue_record`) is checked against the new parse before the
+  next selection or edit: a write a stale save undid is made again, a deliberate edit stands.
 
 An edit (claim, finalize, …) finds its item where the selection found it (``WorkItem.locator``,
 checked against the line) or else by scanning the file, and afterwards re-ranks only the line it
