@@ -47,8 +47,9 @@ from evolve.store.dirfd import NOFOLLOW
 from evolve.store.jsonl import Read, parse_object, read_lines
 
 SLACK = 256  # spare bytes in a moved line: room for the lifecycle fields a later edit adds
-# How long a half-written last line may stay unchanged before it counts as a dead writer's (an
-# appender writing one line in two write()s finishes it in microseconds; a loaded machine, in far less).
+# How long a half-written last line may stay unchanged before it counts as a dead writer's: an
+# appender writing one line in two write()s finishes it within microseconds, on a loaded machine
+# still far within this.
 TORN_WAIT_S = 10.0
 _TAIL_CHUNK = 1 << 16
 TOMBSTONES = (b'{"superseded":true,"consumed":true,"items":[]}', b'{"consumed":true,"items":[]}')
