@@ -34,14 +34,16 @@ RELAUNCHES = 3  # fires a named-point trial may start before it counts the point
 
 # Where a fire is made to die (evolve/crashpoint.py), and how many occurrences in a fire to pick from:
 # half a ledger line written then death, death right after the ledger entry (before the claim is
-# finalized), between a state file's temp write and its rename, after the queue's redo journal is
-# written and between a moved line's appended copy and its tombstone (claims and finalizes;
-# evolve/store/inplace.py), while the agent runs, and as the gate starts.
+# finalized), between a state file's temp write and its rename, after a queue edit is in evolve's
+# lifecycle record (evolve/work/queue_record.py) and after its redo journal is written, and between a
+# moved line's appended copy and its tombstone (claims and finalizes; evolve/store/inplace.py), while
+# the agent runs, and as the gate starts.
 POINTS = {
     "ledger.torn": 3,
     "ledger.appended": 3,
     "replace:session-state.json": 8,
     "replace:cycle-state.json": 4,
+    "queue.record": 4,
     "queue.journal": 4,
     "queue.replace": 4,
     "agent.running": 3,

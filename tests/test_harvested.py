@@ -121,9 +121,11 @@ def test_rewrite_keeps_the_file_mode_and_leaves_no_temp(tmp_path: Path) -> None:
     (a,) = q.candidates()
     q.claim(a, "c", "t")
     assert (os.stat(q.path).st_mode & 0o777) == 0o640
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".next-work.jsonl.redo", "next-work.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".next-work.jsonl.lifecycle", ".next-work.jsonl.redo", "next-work.jsonl"]
     assert orjson.loads((tmp_path / ".next-work.jsonl.redo").read_bytes()) == {"state": "done"}
-    assert (os.stat(tmp_path / ".next-work.jsonl.redo").st_mode & 0o777) == 0o640  # readable as the queue is
+    for side in (".next-work.jsonl.redo", ".next-work.jsonl.lifecycle"):  # readable as the queue is
+        assert (os.stat(tmp_path / side).st_mode & 0o777) == 0o640, side
 
 
 def test_concurrent_appender_loses_nothing(tmp_path: Path) -> None:
@@ -277,7 +279,10 @@ def test_partial_last_line_completed_by_an_append(tmp_path: Path) -> None:
     assert [w.title for w in q.candidates()] == ["a", "b"] and q.malformed == 0
 
 
-def test_file_removed_and_recreated(tmp_path: Path) -> None:
+def test_file_removed_and_recreated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from evolve.work import harvested
+
+    monkeypatch.setattr(harvested, "REAPPEAR_S", 0.05)  # (how long a read waits for a save vim's way)
     q = _q(tmp_path, _entry(_item("a")))
     assert len(q.candidates()) == 1
     q.path.unlink()

@@ -137,6 +137,7 @@ EXEMPT = {
     "work/goals/snapshot.py": "gate check names and numbers",
     "work/generators.py": "generator output queued via HarvestedQueue.append_entry",
     "work/harvested.py:_materialize": "copies the operator's linked queue byte for byte",
+    "work/queue_record.py:save": "digests and the fields evolve wrote (redacted by _update)",
     "work/harvested.py:_write_all": "the byte loop under _materialize",
     "metrics.py:ledger_counts": "counts by result",
     "metrics.py:write_textfile": "render() redacts every label (Exposition)",

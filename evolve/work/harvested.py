@@ -23,7 +23,10 @@ parsed again only where it changed. Each call stats the file and then
 * same inode, larger size, the last ≤ 4 KiB of the indexed region unchanged and that region ending
   in a newline → the file only grew: just the appended lines are parsed and their items ranked in
   (after a racy read, the whole indexed region's hash is compared instead of its last 4 KiB);
-* anything else → the file is parsed again from scratch.
+* anything else → the file is parsed again from scratch. Another tool may have replaced it (an
+  editor's save by rename) with a buffer older than evolve's own writes, so evolve's record of its
+  lifecycle writes (:mod:`evolve.work.queue_record`) is checked against the new parse before the
+  next selection or edit: a write a stale save undid is made again, a deliberate edit stands.
 
 An edit (claim, finalize, …) finds its item where the selection found it (``WorkItem.locator``,
 checked against the line) or else by scanning the file, and afterwards re-ranks only the line it
@@ -39,6 +42,7 @@ The byte-level mechanics (chunked reads, hashes, the racy-stat test, appends) ar
 from __future__ import annotations
 
 import bisect
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -49,19 +53,19 @@ import time
 import weakref
 from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from evolve import redact
+from evolve import crashpoint, redact
 from evolve.results import FAILURES, CycleResult
 from evolve.store import inplace
 from evolve.store.atomic import create_temp
-from evolve.store.dirfd import NOFOLLOW, is_link, open_dir
+from evolve.store.dirfd import NOFOLLOW, is_link, open_dir, open_file
 from evolve.store.jsonl import (
     Read,
-    append_bytes,
     chunks,
     gc_paused,
     hash_region,
@@ -75,6 +79,19 @@ from evolve.store.jsonl import (
 )
 from evolve.timeutil import parse_iso
 from evolve.work.item import ClaimLost, LazyItems, SourceError, WorkItem, fast_clean, item_keys
+from evolve.work.queue_record import (
+    DROP,
+    KEEP,
+    REAPPLY,
+    Chain,
+    Occurrence,
+    Record,
+    decide,
+    digest,
+    line_digest,
+    noted,
+    ref_tag,
+)
 
 CONCRETE = ("bug", "tech-debt", "improvement", "feature", "pattern-fix", "task")
 PROCESS = ("process-improvement", "docs", "chore")
@@ -86,6 +103,11 @@ _LOW = (1 << _ITEM_BITS) - 1
 _BULK = 32  # more new ranked items than this: extend and sort instead of inserting one by one
 _VIEW_CACHE = 64  # parsed lines a candidates view keeps (items of one line are often read together)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+# How long an edit waits for the queue's name to come back (an editor that saves vim's way renames the
+# file aside and writes a new one under the name: milliseconds) before it counts the queue as gone.
+REAPPEAR_S = 5.0
+_MISSING = object()
+_TOMBSTONE = {"superseded": True, "consumed": True, "items": []}
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -277,6 +299,8 @@ class _Edit:
         self.fd = fd
         self.changed: dict[int, dict[str, Any]] = {}  # line → its new content
         self.before: dict[int, bytes] = {}  # line → its bytes in the file being rewritten
+        self.tombs: set[int] = set()  # lines to overwrite by a tombstone
+        self.notes: list[_Note] = []  # the lifecycle writes made, for evolve's record
 
     def _raw(self, li: int) -> bytes:
         assert self.fd is not None
@@ -322,6 +346,21 @@ class _Edit:
             self.before[li] = self._raw(li)
         self.changed[li] = entry
 
+    def reapply(self, at: Occurrence, chain: Chain) -> None:
+        """Write evolve's last state of the item at ``at`` over it again (its entry too, when the write
+        consumed the whole entry and every item is consumed again)."""
+        entry = self._entry(at.line)
+        assert entry is not None
+        it = entry_items(entry)[at.index]
+        chain.apply(it)
+        if chain.entry and entry is not it and all(i.get("consumed") is True for i in entry_items(entry)):
+            entry.update(chain.entry)
+        self.mark(at.line, entry)
+
+    def tomb(self, li: int) -> None:
+        self.mark(li, dict(_TOMBSTONE, items=[]))
+        self.tombs.add(li)
+
 
 class HarvestedQueue:
     """Implements :class:`evolve.work.item.WorkSource` over ``next-work.jsonl``."""
@@ -344,6 +383,8 @@ class HarvestedQueue:
         self.claim_visibility_s = claim_visibility_s
         self.clock = clock
         self._jsig: tuple[int, int, int] | None = None  # the redo journal's stat when the index was last checked
+        self.reconciled: list[tuple[str, str]] = []  # (event, title) of every recorded write acted on
+        self._editing = False  # inside an edit (which holds the lock): a read then never takes it again
         self._forget()
 
     # -- the index ---------------------------------------------------------------------------
@@ -364,6 +405,12 @@ class HarvestedQueue:
         # each has gone stale depends on the time of the call, so they are checked at each candidates().
         self._claims: dict[int, float] = {}
         self.malformed = 0
+        # evolve's record (docs/DESIGN.md §6.1): the refs it held when the index was built from scratch,
+        # where each is in the file, and whether that record is still to be checked against the file.
+        self._watch: frozenset[str] = frozenset()  # chain keys
+        self._tags: frozenset[int] = frozenset()  # … and the CRC-32s of their refs
+        self._hits: dict[str, list[tuple[int, int]]] = {}  # chain key → (line, item) of each item with that ref
+        self._check_due = False
 
     @property
     def lines(self) -> int:
@@ -371,7 +418,26 @@ class HarvestedQueue:
         return len(self._starts)
 
     def _open(self) -> int | None:
-        """The file open, with the index made to describe it (the caller closes it); None: no file."""
+        """The file open, with the index made to describe it (the caller closes it); None: no file.
+
+        When it was parsed from scratch and evolve's record has a write to make again (a stale save
+        undid it), that is done first, under the editors' lock, so that no selection sees the undone state."""
+        fd = self._open_once()
+        if fd is None or not self._check_due or self._editing:
+            return fd
+        try:
+            needed = self._needs_reconcile(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        if not needed:
+            self._check_due = False
+            return fd
+        os.close(fd)
+        self._rewrite(_Op.nothing())
+        return self._open_once()
+
+    def _open_once(self) -> int | None:
         known = time.time_ns()
         jsig = self._journal_sig()  # before the read: an edit during it shows at the next call
         if jsig != self._jsig and jsig is not None:
@@ -380,8 +446,12 @@ class HarvestedQueue:
         try:
             fd = os.open(self.path, os.O_RDONLY)
         except FileNotFoundError:
-            self._forget()
-            return None
+            # A file read before that is gone may be in the middle of a save vim's way (renamed aside,
+            # a new one being written): wait for it, once, rather than see no work at all.
+            fd = self._reopened() if self._ino is not None else None
+            if fd is None:
+                self._forget()
+                return None
         except OSError as exc:
             raise SourceError(f"cannot read {self.path}: {exc}") from exc
         try:
@@ -393,6 +463,16 @@ class HarvestedQueue:
                 raise SourceError(f"cannot read {self.path}: {exc}") from exc
             raise
         return fd
+
+    def _reopened(self) -> int | None:
+        end = time.monotonic() + REAPPEAR_S
+        delay = 0.001
+        while time.monotonic() < end:
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+            with contextlib.suppress(FileNotFoundError):
+                return os.open(self.path, os.O_RDONLY)
+        return None
 
     def _journal_sig(self) -> tuple[int, int, int] | None:
         """The stat of the queue's redo journal, replaced by every in-place edit (:mod:`evolve.store.inplace`)."""
@@ -462,13 +542,19 @@ class HarvestedQueue:
             self._racy = True
 
     def _rebuild(self, fd: int, st: os.stat_result, known: int) -> None:
+        """Parse the file from scratch: it is new, or changed other than by appends. So evolve's record
+        of its own writes is checked against it before the next edit or selection (``_check_due``)."""
         self._forget()
+        record = Record.load_path(self.path.with_name(Record.name(self.path.name)))
+        self._watch = frozenset(record.chains)
+        self._tags = frozenset(c.tag for c in record.chains.values())
         done = Read()
         keys = self._index(fd, 0, done)
         keys.sort()
         self._keys = keys
         self._size, self._tail = done.size, done.tail
         self._record(st, known)
+        self._check_due = bool(self._watch)
 
     def _append(self, fd: int, st: os.stat_result, known: int) -> None:
         done = Read()
@@ -493,8 +579,26 @@ class HarvestedQueue:
                         self.malformed += 1
                     else:
                         out.extend(self._take(self._ranked(li, obj)))
+                        if self._watch:
+                            self._hit(li, obj)
                     li += 1
         return out
+
+    def _hit(self, li: int, entry: dict[str, Any]) -> None:
+        """Note where the items of line ``li`` are whose refs evolve's record holds. (Run for every item
+        of a file parsed from scratch while the record holds anything: :func:`item_ref` and
+        :func:`~evolve.work.queue_record.ref_tag` inlined, a CRC-32 first, the digest only on a match.)"""
+        items = entry.get("items")
+        if not isinstance(items, list):
+            items = [entry] if "title" in entry else []
+        epic = entry.get("source_epic") or ""
+        tags = self._tags
+        for ii, item in enumerate(i for i in items if isinstance(i, dict)):
+            key = item.get("dedup_key")
+            keyed = isinstance(key, str) and key
+            ref = f"dedup={key}" if keyed else f"source_epic={epic}:item={item.get('title', '')}"
+            if ref_tag(ref) in tags and (k := digest(ref)) in self._watch:
+                self._hits.setdefault(k, []).append((li, ii))
 
     def _ranked(self, li: int, entry: dict[str, Any]) -> Iterator[tuple[int, float | None]]:
         """``(rank key, claimed at)`` of line ``li``'s selectable items (``entry`` is its content);
@@ -616,7 +720,7 @@ class HarvestedQueue:
         def selectable(entry: dict[str, Any], it: dict[str, Any]) -> bool:
             return item_selectable(entry, it, when, self.claim_visibility_s)
 
-        self._update(item, selectable, fields, required=True)
+        self._update(item, selectable, fields, required=True, op="claim", now=now)
 
     def finalize(self, item: WorkItem, claimer: str, now: str) -> None:
         done = {"consumed": True, "claim_status": "consumed", "consumed_by": claimer, "consumed_at": now}
@@ -626,7 +730,7 @@ class HarvestedQueue:
             if entry is not it and all(i.get("consumed") is True for i in entry_items(entry)):
                 entry.update(done)
 
-        self._update(item, _claimed_by(claimer), done, then=whole_entry)
+        self._update(item, _claimed_by(claimer), done, then=whole_entry, op="finalize", now=now)
 
     def release(self, item: WorkItem, claimer: str | None, now: str, reason: str) -> None:
         """Back to the queue; ``failed_at`` is stamped only when the cycle failed on it (``reason`` is
@@ -635,11 +739,11 @@ class HarvestedQueue:
         fields = {"consumed": False, "claim_status": "available", "claimed_by": None, "claimed_at": None}
         if reason in RETRY_REASONS:
             fields["failed_at"] = now
-        self._update(item, _claimed_by(claimer), fields)
+        self._update(item, _claimed_by(claimer), fields, op="release", now=now)
 
     def annotate(self, item: WorkItem, now: str, **fields: Any) -> None:
         """Set scout outcome fields (``disposition``, ``status``, ``split_into``) on an open item."""
-        self._update(item, _open, {**fields, "scouted_at": now})
+        self._update(item, _open, {**fields, "scouted_at": now}, op="annotate", now=now)
 
     def defer(self, item: WorkItem, now: str, reason: str) -> None:
         """A scout's defer: ``disposition: "defer:<reason>"`` keeps the item out of selection."""
@@ -653,7 +757,7 @@ class HarvestedQueue:
     def park(self, item: WorkItem, now: str, note: str) -> bool:
         """Hold an item out of selection (attempt budget spent, or a scout's park): ``status: "blocked"``."""
         fields = {"status": "blocked", "claim_status": "available", "claimed_by": None, "claimed_at": None}
-        self._update(item, _open, {**fields, "failed_at": now, "blocked_note": note})
+        self._update(item, _open, {**fields, "failed_at": now, "blocked_note": note}, op="park", now=now)
         return True  # (an item consumed meanwhile needs no parking)
 
     def unpark(self, ref: str, now: str) -> bool:
@@ -668,7 +772,7 @@ class HarvestedQueue:
             it.pop("blocked_note", None)
 
         probe = WorkItem(source=self.name, ref=ref, title="")
-        return self._update(probe, parked, {"requeued_at": now}, then=clear)
+        return self._update(probe, parked, {"requeued_at": now}, then=clear, op="requeue", now=now)
 
     def _update(
         self,
@@ -678,6 +782,8 @@ class HarvestedQueue:
         *,
         then: Callable[[dict[str, Any], dict[str, Any]], None] | None = None,
         required: bool = False,
+        op: str = "",
+        now: str = "",
     ) -> bool:
         """The one shape of every lifecycle write: find ``item`` where ``want`` accepts it, set ``fields``
         on it (``then`` may change its entry too), and rewrite that line. Not found: nothing is written,
@@ -685,25 +791,10 @@ class HarvestedQueue:
 
         The sink of rewrites: what evolve writes (reasons, notes, split titles) is redacted. The
         operator's own lines are left as they are: a title is its item's ref (see :func:`same_ref`)."""
-        fields = redact.current().json(fields)
+        return self._rewrite(_Op(item, want, redact.current().json(fields), then, required, op, now))
 
-        def mutate(edit: _Edit) -> bool:
-            found = edit.find(item, want)
-            if found is None:
-                if required:
-                    raise ClaimLost(item.ref)
-                return False
-            li, entry, it = found
-            it.update(fields)
-            if then is not None:
-                then(entry, it)
-            edit.mark(li, entry)
-            return True
-
-        return self._rewrite(mutate)
-
-    def _rewrite(self, mutate: Callable[[_Edit], bool], attempts: int = 20) -> bool:
-        """Apply ``mutate`` to the file in place, never moving a byte another writer wrote.
+    def _rewrite(self, op: _Op, attempts: int = 20) -> bool:
+        """Apply ``op`` to the file in place, never moving a byte another writer wrote.
 
         The queue's directory is opened once without following symlinks (docs/DESIGN.md §2.0) and
         the file opened relative to it: a linked directory is refused; a symlink at the queue's own
@@ -711,60 +802,205 @@ class HarvestedQueue:
         try:
             dfd = open_dir(self.path.parent, create=False)
         except FileNotFoundError:
-            return self._gone(mutate)
+            return self._gone(op, _Progress(), None)
+        progress = _Progress()
+        self._editing = True
         try:
             for attempt in range(attempts):
-                done = self._attempt(dfd, mutate)
+                done = self._attempt(dfd, op, progress)
                 if done is not None:
                     return done
                 time.sleep(min(0.05, 0.001 * (1 << attempt)))  # let a burst of writes pass
         finally:
+            self._editing = False
             os.close(dfd)
         raise SourceError(f"{self.path} kept changing; gave up rewriting after {attempts} attempts")
 
-    def _gone(self, mutate: Callable[[_Edit], bool]) -> bool:
+    def _gone(self, op: _Op, progress: _Progress, dfd: int | None) -> bool:
+        """No queue file (after waiting for a save in progress to write one): a claim is ClaimLost. A
+        finalize, release … of an item evolve wrote before is recorded as evolve's write all the same,
+        so that it is applied when the file comes back (restored, or saved again) with the item as it was."""
         self._forget()
-        mutate(_Edit(self, None))  # raises ClaimLost for a claim; nothing to finalize or release
-        return False
+        if op.required:
+            raise ClaimLost(op.item.ref)
+        if progress.committed or dfd is None:
+            return progress.result
+        record = Record.load(dfd, self.path.name)
+        chain = record.chains.get(digest(op.item.ref))
+        if chain is None:
+            return False
+        it = orjson.loads(orjson.dumps(chain.sets))  # the item as far as evolve's writes go
+        entry = {"items": [it]}
+        if not op.want(entry, it):
+            return False
+        before = orjson.loads(orjson.dumps(it))
+        it.update(op.fields)
+        if op.then is not None:
+            op.then(entry, it)
+        # (The item's other fields are unknown here: the chain goes on from the state evolve left.)
+        record.chains = noted(record.chains, op.item.ref, before, it, op=op.name, at=op.now, entry=None, line="",
+                              continues=True)
+        record.save(dfd, self.path.name, None)
+        return True
 
-    def _attempt(self, dfd: int, mutate: Callable[[_Edit], bool]) -> bool | None:
-        """One try at :meth:`_rewrite`; None when the file was renamed over meanwhile (start again).
+    def _attempt(self, dfd: int, op: _Op, progress: _Progress) -> bool | None:
+        """One try at :meth:`_rewrite`; None when it must start again (the file was renamed over
+        meanwhile, or edited in place by a tool outside the lock).
 
-        The file is edited in place under ``flock`` (:mod:`evolve.store.inplace`): its inode never
-        changes, so whatever any appender writes, now or through a descriptor it keeps open, lands
-        in the one file readers read."""
+        The file is edited in place under the editors' lock (:mod:`evolve.store.inplace`), so whatever
+        any appender writes, now or through a descriptor it keeps open, lands in the one file readers
+        read. The lock is ``flock`` of the queue's directory (it outlives any file renamed in under the
+        name) and of the file. Before the edit, the writes evolve recorded are checked against the file
+        when it changed other than by appends (:meth:`_reconcile`); the edit itself is recorded before
+        the file is touched. After it, the name must still be the file written, or the edit (recorded:
+        ``progress.committed``) is made again, by the reconcile, in the file that is there now."""
         known = time.time_ns()
         name = self.path.name
-        try:
-            fd = os.open(name, os.O_RDWR | NOFOLLOW | _CLOEXEC, dir_fd=dfd)
-        except FileNotFoundError:
-            return self._gone(mutate)
-        except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.EMLINK) and is_link(dfd, name):
-                self._materialize(dfd)
+        with _locked(dfd):
+            try:
+                fd = os.open(name, os.O_RDWR | NOFOLLOW | _CLOEXEC, dir_fd=dfd)
+            except FileNotFoundError:
+                if _reappears(dfd, name):
+                    return None  # a save that writes a new file under the name (vim's way) was under way
+                return self._gone(op, progress, dfd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.EMLINK) and is_link(dfd, name):
+                    self._materialize(dfd)
+                    return None
+                raise
+            try:
+                return self._edit(dfd, fd, op, progress, known)
+            except inplace.Replaced:
+                self._forget()
                 return None
-            raise
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # one editor at a time; appenders need no lock
-            st = os.fstat(fd)
-            if os.stat(name, dir_fd=dfd, follow_symlinks=False).st_ino != st.st_ino:
-                return None  # another tool renamed a new file in while we waited for the lock
-            journal = inplace.Journal(dfd, name)
-            inplace.redo(fd, journal, st)  # an edit a killed editor left half done comes first
-            jsig = journal.sig()
-            self._sync(fd, os.fstat(fd), known, strict=True, foreign=jsig != self._jsig)
-            self._jsig = jsig
-            edit = _Edit(self, fd)
-            if not mutate(edit):
-                return False
+            except ClaimLost:
+                raise
+            except BaseException:
+                self._forget()  # (a failing disk: the next call reads the file again)
+                raise
+            finally:
+                os.close(fd)
+
+    def _edit(self, dfd: int, fd: int, op: _Op, progress: _Progress, known: int) -> bool | None:
+        """:meth:`_attempt` once the file is open: lock, reconcile, ``op``, record, write, check."""
+        name = self.path.name
+        fcntl.flock(fd, fcntl.LOCK_EX)  # (and the file's own lock, which editors before issue 22 took)
+        st = os.fstat(fd)
+        if not _names(dfd, name, st):
+            return None  # another tool renamed a new file in while we opened it
+        journal = inplace.Journal(dfd, name)
+        inplace.redo(fd, journal, st)  # an edit a killed editor left half done comes first
+        jsig = journal.sig()
+        self._sync(fd, os.fstat(fd), known, strict=True, foreign=jsig != self._jsig)
+        self._jsig = jsig
+        record = Record.load(dfd, name)
+        edit = _Edit(self, fd)
+        dirty = self._reconcile(edit, record)
+        lost: ClaimLost | None = None
+        result = progress.result
+        if progress.committed:
+            if op.required and progress.ref not in record.chains:
+                lost = ClaimLost(op.item.ref)  # the claim was overridden by someone's edit of the item
+        else:
+            try:
+                result = op.apply(edit)
+            except ClaimLost as exc:
+                lost = exc
+            if edit.notes:
+                for note in edit.notes:
+                    record.chains = self._noted(record.chains, edit, note, op)
+                progress.committed, progress.result = True, result
+                progress.ref = digest(item_ref(edit.notes[0].entry, edit.notes[0].item))
+                dirty = True
+        if dirty:
+            record.save(dfd, name, st)  # before the queue: it is what a lost write is made again from
+            crashpoint.reached("queue.record")
+        if edit.changed:
             for li in sorted(edit.changed):
                 if not self._apply(fd, journal, st, edit, li):
-                    self._forget()
+                    self._forget()  # edited in place by a tool outside the lock: read it again
                     return None
+            if not _names(dfd, name, st):
+                self._forget()  # renamed over while we wrote: made again in the file there now
+                return None
             self._edited(fd, journal)
-            return True
-        finally:
-            os.close(fd)  # (releases the lock)
+        if lost is not None:
+            raise lost
+        return result
+
+    def _noted(self, chains: dict[str, Chain], edit: _Edit, note: _Note, op: _Op) -> dict[str, Chain]:
+        raw = edit.before[note.line]
+        before_entry = parse_object(raw) or {}
+        entry_fields = None
+        if note.entry is not note.item:
+            changed = {k: v for k, v in note.entry.items() if k != "items" and before_entry.get(k, _MISSING) != v}
+            entry_fields = changed or None
+        return noted(chains, item_ref(note.entry, note.item), note.before, orjson.loads(orjson.dumps(note.item)),
+                     op=op.name, at=op.now, entry=entry_fields, line=line_digest(raw))
+
+    def _reconcile(self, edit: _Edit, record: Record) -> bool:
+        """Check evolve's recorded writes against the file just parsed from scratch
+        (:func:`evolve.work.queue_record.decide`): a stale save undone, a deliberate edit kept.
+        Marks the lines to write on ``edit``; True when the record itself changed."""
+        if not self._check_due:
+            return False
+        self._check_due = False
+        chains = {k: c for k, c in record.chains.items() if k in self._watch}  # (later ones: their writer checks)
+        found = {k: self._occurrences(edit, k) for k in chains}
+        # Lines a move left behind come out first, for every chain: an entry's line holds several items.
+        left = {o.line: (o, chains[k]) for k in chains for o in decide(chains[k], found[k]).leftovers}
+        dirty = False
+        for key, chain in chains.items():
+            here = [o for o in found[key] if o.line not in left]
+            d = decide(chain, here)
+            if d.verdict == REAPPLY:
+                assert d.target is not None
+                edit.reapply(d.target, chain)
+                self._note_reconciled("queue.reapplied", d.target, chain, "a save of a buffer older than "
+                                      f"evolve's {chain.op or 'write'} brought the item back as it was")
+            elif d.verdict == DROP:
+                del record.chains[key]
+                dirty = True
+                self._note_reconciled("queue.edit_kept", here[0] if here else None, chain, "the item was "
+                                      "changed (or removed) by someone else since evolve's write: that stands")
+            elif d.chain is not None:
+                record.chains[key] = d.chain
+                dirty = True
+        for li, (o, chain) in sorted(left.items()):
+            edit.tomb(li)
+            self._note_reconciled("queue.copy_removed", o, chain, "a save brought back a line evolve had moved, "
+                                  "beside its copy: a tombstone again")
+        return dirty
+
+    def _occurrences(self, edit: _Edit, key: str) -> list[Occurrence]:
+        out = []
+        for li, ii in self._hits.get(key, ()):
+            entry = edit._entry(li)
+            items = entry_items(entry) if entry is not None else []
+            if ii < len(items) and digest(item_ref(entry, items[ii])) == key:
+                out.append(Occurrence(li, ii, orjson.loads(orjson.dumps(items[ii])), line_digest(edit._raw(li))))
+        return out
+
+    def _note_reconciled(self, event: str, at: Occurrence | None, chain: Chain, detail: str) -> None:
+        title = str(at.item.get("title", ""))[:200] if at is not None else ""
+        self.reconciled.append((event, title))
+        from evolve import log  # (only here: the queue's readers stay light)
+
+        level = "info" if event == "queue.edit_kept" else "warning"
+        getattr(log.get("evolve.queue"), level)(event, title=redact.current().text(title), op=chain.op,
+                                                 written_at=chain.at, line=at.line + 1 if at else None, detail=detail)
+
+    def _needs_reconcile(self, fd: int) -> bool:
+        """Whether the file just parsed from scratch has an item evolve's record says to write again
+        (or a record entry to drop): then the read takes the lock and does so first."""
+        record = Record.load_path(self.path.with_name(Record.name(self.path.name)))
+        edit = _Edit(self, fd)
+        for key, chain in record.chains.items():
+            if key in self._watch:
+                d = decide(chain, self._occurrences(edit, key))
+                if d.verdict != KEEP or d.leftovers or d.chain is not None:
+                    return True
+        return False
 
     def _apply(self, fd: int, journal: inplace.Journal, st: os.stat_result, edit: _Edit, li: int) -> bool:
         """Write line ``li``'s new content in place (a put, or a move when it does not fit) and
@@ -774,7 +1010,7 @@ class HarvestedQueue:
         if here not in (old + b"\n", old) or (start and os.pread(fd, 1, start - 1) != b"\n"):
             return False  # edited in place by a tool outside the lock: read it again
         entry = edit.changed[li]
-        data = orjson.dumps(entry)
+        data = inplace.tombstone(len(old)) if li in edit.tombs else orjson.dumps(entry)
         before = parse_object(old)
         with gc_paused():
             if before is not None:
@@ -833,17 +1069,122 @@ class HarvestedQueue:
             os.close(dfd)
             return  # gone, linked, or read-only to us: the next editor replays it
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            inplace.redo(fd, inplace.Journal(dfd, self.path.name), os.fstat(fd))
-        except OSError:
+            with _locked(dfd, wait=False):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                inplace.redo(fd, inplace.Journal(dfd, self.path.name), os.fstat(fd))
+        except (OSError, inplace.Replaced):
             pass  # (BlockingIOError: someone holds the lock, and finishes the edit itself)
         finally:
             os.close(fd)
             os.close(dfd)
 
     def append_entry(self, entry: dict[str, Any]) -> None:
-        """The sink of appends (follow-ups, scout splits, generators): their titles reach prompts."""
-        append_bytes(self.path, orjson.dumps(redact.current().json(entry), option=orjson.OPT_APPEND_NEWLINE))
+        """The sink of appends (follow-ups, scout splits, generators): their titles reach prompts.
+
+        One write on a line of its own, after any line another appender is still writing
+        (:func:`evolve.store.inplace.append_line`); a symlink at the path is refused."""
+        fd = open_file(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
+        try:
+            inplace.append_line(fd, orjson.dumps(redact.current().json(entry)))
+        finally:
+            os.close(fd)
+
+
+@dataclass(frozen=True)
+class _Note:
+    """A lifecycle write made on an edit: ``item`` (now changed) of ``entry`` on line ``line``, and
+    the item as it was before."""
+
+    line: int
+    entry: dict[str, Any]
+    item: dict[str, Any]
+    before: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Op:
+    """One lifecycle write: find ``item`` where ``want`` accepts it and set ``fields`` (``then`` may
+    change its entry too); ``required``: not finding it is ClaimLost."""
+
+    item: WorkItem
+    want: Callable[[dict[str, Any], dict[str, Any]], bool]
+    fields: dict[str, Any]
+    then: Callable[[dict[str, Any], dict[str, Any]], None] | None = None
+    required: bool = False
+    name: str = ""
+    now: str = ""
+
+    @staticmethod
+    def nothing() -> _Op:
+        """No write of its own: the reconcile a read runs under the lock."""
+        return _Op(WorkItem(source="harvested", ref="", title=""), lambda _e, _i: False, {})
+
+    def apply(self, edit: _Edit) -> bool:
+        if not self.item.ref:
+            return False
+        found = edit.find(self.item, self.want)
+        if found is None:
+            if self.required:
+                raise ClaimLost(self.item.ref)
+            return False
+        li, entry, it = found
+        before = orjson.loads(orjson.dumps(it))
+        it.update(self.fields)
+        if self.then is not None:
+            self.then(entry, it)
+        edit.mark(li, entry)
+        edit.notes.append(_Note(li, entry, it, before))
+        return True
+
+
+@dataclass
+class _Progress:
+    """How far an edit got over its attempts: once its write is in evolve's record (``committed``), a
+    later attempt only makes it again where the file lost it (the reconcile)."""
+
+    committed: bool = False
+    result: bool = False
+    ref: str = ""
+
+
+@contextlib.contextmanager
+def _locked(dfd: int, *, wait: bool = True) -> Iterator[None]:
+    """The editors' lock: ``flock`` of the queue's directory, which no rename of the file can take
+    away. (A filesystem that cannot lock a directory, as NFS may not, leaves the file's own lock.)"""
+    try:
+        fcntl.flock(dfd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise
+    except OSError as exc:
+        if exc.errno not in (errno.EBADF, errno.ENOLCK, errno.EINVAL, errno.EOPNOTSUPP):
+            raise
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            fcntl.flock(dfd, fcntl.LOCK_UN)
+
+
+def _names(dfd: int, name: str, st: os.stat_result) -> bool:
+    """Whether ``name`` still names the file ``st`` describes."""
+    try:
+        now = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return (now.st_ino, now.st_dev) == (st.st_ino, st.st_dev)
+
+
+def _reappears(dfd: int, name: str) -> bool:
+    """Whether a file comes back under ``name`` within :data:`REAPPEAR_S` (polled)."""
+    end = time.monotonic() + REAPPEAR_S
+    delay = 0.001
+    while time.monotonic() < end:
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+        with contextlib.suppress(FileNotFoundError):
+            os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            return True
+    return False
 
 
 def _open(entry: dict[str, Any], item: dict[str, Any]) -> bool:
