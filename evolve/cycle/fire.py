@@ -31,6 +31,7 @@ from evolve.agent.runners import RESUMING_CLIS, Runner, make_runner
 from evolve.childenv import seal_own_environ
 from evolve.config import Config
 from evolve.cycle import budget, dryrun, halt, recovery, retention, scout, side, transition, watch, workspace
+from evolve.cycle import setup as ws_setup
 from evolve.cycle import step1 as step1_shell
 from evolve.cycle.context import FireContext, Observer
 from evolve.cycle.entry import agent_fields, base_entry, last_attempt_note
@@ -110,6 +111,9 @@ class Fire:
         self.mode = opts.mode or cfg.fire.mode
         self.selector = Selector(paths, cfg, self.env, self.log, write=not opts.dry_run, sources=sources, clock=clock)
         self.gate = Gate(paths, cfg, self.log, self.env)
+        # What the gate will see (§8.4): the worktree's setup, links and copies, and the gate probe.
+        self.prep = ws_setup.Preparer(paths, cfg, self.env, self.log, self.stop)
+        self.gate.before = self.prep.before_gate
         # Where the agent works: the operator's checkout until _locked opens the configured one (§8.3).
         self.ws: workspace.Workspace = workspace.InPlace(paths.repo, self.gate.git_policy, self.log)
         self.ctx = FireContext(
@@ -250,6 +254,19 @@ class Fire:
             self.ctx.emit("preflight.failed", errors=[p.message for p in problems], fix=problems[0].fix)
         return not problems
 
+    def _refused(self, r: ws_setup.Refusal | None, outcome: FireOutcome) -> bool:
+        """The worktree is not ready for a claim (§8.4): exit 78 with the cause and the fix, before any claim."""
+        if r is None:
+            return False
+        if r.check == "interrupted":
+            outcome.reason, outcome.exit_code = "interrupted", exitcodes.SIGTERM
+            return True
+        self.log.error("preflight.failed", check=r.check, error=r.error, fix=r.fix,
+                       **({"output": r.output[-2000:]} if r.output else {}))
+        self.ctx.emit("preflight.failed", check=r.check, errors=[r.error], fix=r.fix)
+        outcome.reason, outcome.exit_code = f"preflight:{r.check}", exitcodes.CONFIG
+        return True
+
     def _ended(self, outcome: FireOutcome) -> FireOutcome:
         fields = dict(reason=outcome.reason, cycles=outcome.cycles, exit_code=outcome.exit_code)
         self.log.info("fire.end", **fields, cost_usd=round(outcome.cost_usd, 6))
@@ -329,6 +346,8 @@ class Fire:
                     outcome.exit_code = exitcodes.SIGTERM
                 if reason.startswith("halt:"):
                     outcome.halt = self.halted
+                return
+            if self._refused(self.prep.ready(self.ws, self.ledger.last_cycle() + 1), outcome):
                 return
             sel = self.selector.select(self.state, restorative=restorative)
             for item, flips in sel.quarantine:

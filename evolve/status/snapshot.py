@@ -11,7 +11,9 @@ Health, and the exit code of ``evolve status``:
 - **degraded** (1): the failure breaker is open (`evolve breaker reset` closes it), the last cycle
   failed or crashed (a failed commit adds "commit failed: <why>; <remedy>"), a fire died without
   being reconciled yet, the config is invalid or the runner preflight fails (the next fire would
-  exit 78), the metronome blocks every fire until RESCOPE is written, or work is set aside under
+  exit 78), the last fire found the worktree not ready (its setup failed, or the gate would test the
+  checkout's code: exit 78 too, §8.4), the metronome blocks every fire until RESCOPE is written, or work
+  is set aside under
   ``refs/evolve/{stranded,unlanded}/`` (docs/DESIGN.md §8.3);
 - **dormant** (0): DORMANT is present and nothing above holds: caught up, nothing to do; the next
   fire clears it by itself as soon as any work appears (no operator needed, so not a halt);
@@ -439,6 +441,29 @@ def _preflight(cfg: Any, env: Mapping[str, str]) -> list[str]:
             for p in problems]
 
 
+def _workspace(paths: Paths, cfg: Any) -> list[str]:
+    """What the last fire found wrong with the worktree (docs/DESIGN.md §8.4), while the config it
+    was found with still holds: a failed setup, or a gate that would test your checkout's code."""
+    from evolve.cycle import probe
+
+    out = []
+    stamp = read_json(paths.evolve_dir / probe.SETUP_FILE)
+    if (isinstance(stamp, dict) and stamp.get("ok") is False and stamp.get("phase") == "before_claim"
+            and cfg.workspace.setup):
+        failed = stamp.get("failed") if isinstance(stamp.get("failed"), dict) else {}
+        tail = " ".join(str(failed.get("output") or "").split())[-200:]
+        out.append(f"workspace setup failed (fires exit 78 before claiming work): {failed.get('command')!r} "
+                   f"{failed.get('detail')}{': ' + tail if tail else ''}; fix it (output in "
+                   "runs/workspace-setup.log), the next fire runs it again")
+    rec = read_json(paths.evolve_dir / probe.PROBE_FILE)
+    if (isinstance(rec, dict) and cfg.workspace.probe and rec.get("problems")
+            and rec.get("config") == probe.config_key(cfg.gate.commands, cfg.workspace)):
+        first = rec["problems"][0] if isinstance(rec["problems"][0], dict) else {}
+        out.append(f"the gate would not test the worktree's code (fires exit 78 before claiming work): "
+                   f"{first.get('message')}; fix: {first.get('fix')}")
+    return out
+
+
 def _commit_failed(last: dict[str, Any]) -> str:
     """The reason and the way out: the work is not lost, git needs a hand (issue 15)."""
     why = " ".join(str(last.get("error") or "unknown").split())[:200]
@@ -550,6 +575,7 @@ def read_snapshot(
                         f" before working; {stall['remedy']}")
     if config_error is None:
         degraded += _preflight(cfg, env)
+        degraded += _workspace(paths, cfg)
     health = state_of(halt, degraded)
     return StatusSnapshot(
         repo=str(paths.repo),
