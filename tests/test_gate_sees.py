@@ -10,6 +10,7 @@ branch, the operator's files byte for byte, no stray ``index.lock``.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -170,3 +171,162 @@ def test_with_setup_a_good_change_lands(env: Env, cli, layout, gate) -> None:
     r = cli("fire", "--cycles", "1", extra_env=extra)
     assert r.code == 0, r.stderr
     assert [x["event"] for x in r.events() if x["event"] in ("workspace.setup", "workspace.probed")] == []
+
+
+# -- npm: node_modules only in the checkout ------------------------------------------------------------
+
+NPM_GATE = ["npm", "test", "--silent"]
+LIB_GOOD = 'exports.verify = (d, s) => s === "ok:" + d;\n'
+LIB_BROKEN = "exports.verify = () => true;\n"
+LIB_ADDED = LIB_GOOD + 'exports.sign = (d) => "ok:" + d;\n'
+NODE_TEST = ('const assert = require("assert");\nconst { verify } = require("mylib");\n'
+             'assert.ok(verify("x", "ok:x"));\nassert.ok(!verify("x", "forged"));\n'
+             'for (const f of require("fs").readdirSync(".").filter((n) => n.startsWith("test_"))) require("./" + f);\n')
+NODE_ADDED_TEST = 'const assert = require("assert");\nconst { sign, verify } = require("mylib");\n' \
+                  'assert.ok(verify("y", sign("y")));\n'
+
+
+def npm_repo(env: Env) -> None:
+    """An npm workspace: the app's tests load ``mylib`` (its own code, lib/) through node_modules, which
+    ``npm install`` made in the checkout only (git-ignored): node_modules/mylib -> ../lib."""
+    (env.repo / "lib").mkdir()
+    (env.repo / "package.json").write_text(
+        '{"name": "app", "version": "1.0.0", "private": true, "workspaces": ["lib"],'
+        ' "scripts": {"test": "node test.js"}}\n')
+    (env.repo / "lib" / "package.json").write_text('{"name": "mylib", "version": "1.0.0", "main": "index.js"}\n')
+    (env.repo / "lib" / "index.js").write_text(LIB_GOOD)
+    (env.repo / "test.js").write_text(NODE_TEST)
+    (env.repo / ".gitignore").write_text("node_modules/\n")
+    subprocess.run(["npm", "install", "--offline", "--no-audit", "--no-fund"], cwd=env.repo, check=True,
+                   capture_output=True, env={**os.environ, "npm_config_cache": str(env.root / "npm-cache")})
+    assert os.readlink(env.repo / "node_modules" / "mylib") == "../lib"
+    git(env.repo, "add", "-A")
+    git(env.repo, "commit", "-q", "-m", "the app")
+
+
+def test_npm_with_node_modules_only_in_the_checkout_is_refused(env: Env, cli) -> None:
+    npm_repo(env)
+    env.write_config(gate={"commands": [NPM_GATE]})
+    env.queue(entry("simplify verify"))
+    env.steps([{"write": [{"path": "lib/index.js", "content": LIB_BROKEN}], "report": {"result": "improved"}}])
+    tip, before = head(env.repo), snapshot(env.repo)
+    r = cli("fire", "--cycles", "1")
+    assert r.code == 78, r.stderr
+    (failed,) = [e for e in r.events() if e["event"] == "preflight.failed"]
+    assert "npm test" in failed["error"] and "node_modules" in failed["error"] and "checkout" in failed["error"]
+    assert '["npm", "ci"]' in failed["fix"]
+    assert env.calls() == [] and env.ledger() == []
+    assert head(env.repo) == tip and snapshot(env.repo) == before
+    assert_git_clean(env)
+
+
+def test_npm_linking_the_checkout_s_node_modules_is_refused_when_it_links_the_checkout_s_code(env: Env, cli) -> None:
+    npm_repo(env)
+    env.write_config(gate={"commands": [NPM_GATE]}, workspace={"link": ["node_modules"]})
+    env.queue(entry("simplify verify"))
+    tip = head(env.repo)
+    r = cli("fire", "--cycles", "1")
+    assert r.code == 78, r.stderr
+    (failed,) = [e for e in r.events() if e["event"] == "preflight.failed"]
+    assert "node_modules/mylib" in failed["error"] and "lib/" in failed["error"]
+    assert "instead of link" in failed["fix"]
+    assert os.readlink(env.tree / "node_modules") == str(env.repo / "node_modules")  # the link was made
+    assert env.calls() == [] and head(env.repo) == tip
+    assert_git_clean(env)
+
+
+@pytest.mark.parametrize("good", [False, True], ids=["broken", "good"])
+def test_npm_with_setup_tests_the_worktree(env: Env, cli, good: bool) -> None:
+    npm_repo(env)
+    env.write_config(gate={"commands": [NPM_GATE]},
+                     workspace={"setup": [["npm", "ci", "--offline", "--no-audit", "--no-fund"]]})
+    env.queue(entry("change mylib"))
+    if good:
+        env.steps([{"write": [{"path": "lib/index.js", "content": LIB_ADDED},
+                              {"path": "test_sign.js", "content": NODE_ADDED_TEST}], "report": {"result": "improved"}}])
+    else:
+        env.steps([{"write": [{"path": "lib/index.js", "content": LIB_BROKEN}], "report": {"result": "improved"}}])
+    tip, before = head(env.repo), snapshot(env.repo)
+    r = cli("fire", "--cycles", "1")
+    assert r.code == 0, r.stderr
+    (e,) = env.ledger()
+    assert os.readlink(env.tree / "node_modules" / "mylib") == "../lib"  # the worktree's own, from npm ci
+    assert list((env.paths.evolve_dir / "cache" / "npm").iterdir())  # npm's cache under the state dir
+    if good:
+        assert e["result"] == "improved" and head(env.repo) == e["sha"] != tip, e
+        assert (env.repo / "lib" / "index.js").read_text() == LIB_ADDED
+        landed = set(git(env.repo, "show", "--name-only", "--format=", "HEAD").split())
+        assert landed == {"lib/index.js", "test_sign.js"}
+    else:
+        assert e["result"] == "regressed", e
+        assert head(env.repo) == tip and snapshot(env.repo) == before
+    assert_git_clean(env)
+
+
+def test_npm_with_a_plain_dependency_found_by_walking_up_is_a_note_not_a_refusal(env: Env, cli) -> None:
+    """node_modules holds a real package (no link into the checkout's code): node in the nested worktree
+    finds it by walking up, and the worktree's own code is what the tests load."""
+    (env.repo / "node_modules" / "minitest").mkdir(parents=True)
+    (env.repo / "node_modules" / "minitest" / "index.js").write_text("exports.ok = (v) => { if (!v) throw 1; };\n")
+    (env.repo / "package.json").write_text('{"name": "app", "version": "1.0.0", "scripts": {"test": "node t.js"}}\n')
+    (env.repo / "app.js").write_text("exports.two = () => 2;\n")
+    (env.repo / "t.js").write_text('require("minitest").ok(require("./app").two() === 2);\n')
+    (env.repo / ".gitignore").write_text("node_modules/\n")
+    git(env.repo, "add", "-A")
+    git(env.repo, "commit", "-q", "-m", "the app")
+    env.write_config(gate={"commands": [NPM_GATE]})
+    env.queue(entry("break two"))
+    env.steps([{"write": [{"path": "app.js", "content": "exports.two = () => 3;\n"}], "report": {"result": "improved"}}])
+    tip = head(env.repo)
+    r = cli("fire", "--cycles", "1")
+    assert r.code == 0, r.stderr
+    notes = [e for e in r.events() if e["event"] == "workspace.note"]
+    assert notes and "walking up" in notes[0]["note"]
+    assert [e["result"] for e in env.ledger()] == ["regressed"]  # the worktree's app.js was tested
+    assert head(env.repo) == tip
+    assert_git_clean(env)
+
+
+# -- a git-ignored file the tests read -----------------------------------------------------------------
+
+def test_a_gitignored_file_the_tests_read_is_copied_in(env: Env, cli) -> None:
+    (env.repo / "check.py").write_text(
+        "import sys\nconf = open('local.conf').read()\nsys.exit(0 if 'db=ok' in conf else 3)\n")
+    (env.repo / ".gitignore").write_text("local.conf\n")
+    (env.repo / "local.conf").write_text("db=ok\npassword=hunter2\n")
+    git(env.repo, "add", "-A")
+    git(env.repo, "commit", "-q", "-m", "check")
+    env.write_config(gate={"commands": [[sys.executable, "check.py"]]}, workspace={"copy": ["local.conf"]})
+    env.queue(entry("add docs"))
+    env.steps([{"write": [{"path": "docs.md", "content": "docs\n"}], "report": {"result": "improved"}}])
+    r = cli("fire", "--cycles", "1")
+    assert r.code == 0, r.stderr
+    (e,) = env.ledger()
+    assert e["result"] == "improved" and head(env.repo) == e["sha"], e
+    copied = env.tree / "local.conf"
+    assert copied.read_text() == "db=ok\npassword=hunter2\n" and not copied.is_symlink()
+    assert (env.repo / "local.conf").read_text() == "db=ok\npassword=hunter2\n"  # the operator's, untouched
+    assert set(git(env.repo, "show", "--name-only", "--format=", "HEAD").split()) == {"docs.md"}
+    assert_git_clean(env)
+
+
+def test_without_the_copy_the_probe_names_the_gitignored_file_the_worktree_lacks(env: Env, cli) -> None:
+    """The same repository without ``copy``: the gate cannot read local.conf in the worktree (a good change
+    is thrown away), and the probe says which git-ignored files of the checkout the worktree lacks."""
+    (env.repo / "check.py").write_text(
+        "import sys\nconf = open('local.conf').read()\nsys.exit(0 if 'db=ok' in conf else 3)\n")
+    (env.repo / ".gitignore").write_text("local.conf\n")
+    (env.repo / "local.conf").write_text("db=ok\n")
+    git(env.repo, "add", "-A")
+    git(env.repo, "commit", "-q", "-m", "check")
+    env.write_config(gate={"commands": [[sys.executable, "check.py"]]})
+    env.queue(entry("add docs"))
+    env.steps([{"write": [{"path": "docs.md", "content": "docs\n"}], "report": {"result": "improved"}}])
+    r = cli("fire", "--cycles", "1")
+    assert r.code == 0, r.stderr
+    notes = [e for e in r.events() if e["event"] == "workspace.note"]
+    assert notes and "local.conf" in notes[0]["note"] and 'copy = ["local.conf"]' in notes[0]["fix"]
+    assert [e["result"] for e in env.ledger()] == ["regressed"]
+    assert "local.conf" in env.ledger()[0]["gate_output"]
+    assert (env.repo / "local.conf").read_text() == "db=ok\n"
+    assert_git_clean(env)

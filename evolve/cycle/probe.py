@@ -419,6 +419,38 @@ def missing_problem(launch: Launch, path: str) -> Problem:
                    "or name the worktree's dir in [workspace] path")
 
 
+# What a checkout's git-ignored top level holds that no test reads as configuration: caches, builds, editors.
+_IGNORED_NOISE = frozenset({
+    ".venv", "venv", "node_modules", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".tox",
+    ".nox", "build", "dist", ".coverage", "htmlcov", "coverage", ".agents", ".claude", "CLAUDE.local.md",
+    ".idea", ".vscode", ".DS_Store", ".hypothesis", ".eggs", ".cache", ".next", ".turbo", "target", ".gradle",
+    ".parcel-cache", ".direnv", ".python-version", ".benchmarks", "site",
+})
+
+
+def missing_ignored(ignored: Iterable[str], *, present: Callable[[str], bool], configured: Iterable[str]) -> list[str]:
+    """The checkout's git-ignored top-level files the worktree lacks that a test might read (``local.conf``,
+    ``.env``): not a cache or build output, not already linked or copied in."""
+    conf = {c.strip("/").split("/")[0] for c in configured}
+    out = []
+    for name in ignored:
+        n = name.rstrip("/")
+        if ("/" in n or n in _IGNORED_NOISE or n in conf or n.endswith((".egg-info", ".pyc", ".log", ".swp", "~"))
+                or present(n)):
+            continue
+        out.append(n)
+    return sorted(out)[:10]
+
+
+def ignored_note(missing: Sequence[str], *, config: str) -> Problem | None:
+    if not missing:
+        return None
+    shown = ", ".join(missing)
+    return Problem("", f"your checkout has git-ignored {shown} that the worktree lacks (the gate runs there)",
+                   f"if the tests read them, in {config}: [workspace] copy = {json.dumps(list(missing))} "
+                   "(or link)", refuse=False)
+
+
 # -- the whole verdict ------------------------------------------------------------------------------
 
 

@@ -27,8 +27,9 @@ from typing import Any
 
 from evolve import redact
 from evolve.childenv import BASE, FIRE, child_env, with_path
-from evolve.config import Config
+from evolve.config import Config, bad_rel_path
 from evolve.cycle import probe
+from evolve.git import run as gitrun
 from evolve.procgroup import Limits, run_group
 from evolve.store.atomic import read_json, write_json
 from evolve.timeutil import utc_iso
@@ -75,7 +76,7 @@ sys.stdout.write("\n@evolve-probe " + json.dumps(out) + "\n")
 
 def path_dirs(tree: Path, rel: list[str]) -> list[str]:
     """``[workspace] path`` as absolute directories of ``tree`` (entries the config check refused dropped)."""
-    return [str(tree / p) for p in rel if probe.bad_rel_path(p) is None]
+    return [str(tree / p) for p in rel if bad_rel_path(p) is None]
 
 
 def gate_env(cfg: Config, env: Mapping[str, str], tree: Path) -> dict[str, str]:
@@ -419,7 +420,20 @@ class Sees:
                 v.problems += probe.node_problems(launch, self.node, config=self.config_label)
                 row["node_modules"] = self.node.tree_modules
             v.commands.append(row)
+        if self.rtree != self.rrepo and self.launches:
+            note = probe.ignored_note(self._missing_ignored(), config=self.config_label)
+            if note is not None:
+                v.problems.append(note)
         return v
+
+    def _missing_ignored(self) -> list[str]:
+        try:
+            out = gitrun.git(self.repo, "ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory")
+        except (gitrun.GitError, OSError):
+            return []
+        ws = self.cfg.workspace
+        return probe.missing_ignored(out.split("\0"), present=lambda n: os.path.lexists(self.tree / n),
+                                     configured=[*ws.link, *ws.copy])
 
     def describe(self, v: probe.Verdict | None) -> dict[str, Any]:
         """What ``fire --dry-run`` and ``doctor --json`` show as ``gate_sees``."""

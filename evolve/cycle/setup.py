@@ -254,7 +254,7 @@ def _open_parent(tree: Path, rel: str, *, create: bool) -> tuple[int, str]:
                 nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW, dir_fd=fd)
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise OSError(errno.ELOOP, f"{part} in the worktree is a link or a file; not followed") from None
+                    raise OSError(errno.ELOOP, f"{part} (in {rel}) is a link or a file; not followed") from None
                 raise
             os.close(fd)
             fd = nfd
@@ -272,10 +272,25 @@ def _tracked(tree: Path, paths: list[str]) -> set[str]:
     return {p for p in paths if p in found or any(f.startswith(p.rstrip("/") + "/") for f in found)}
 
 
+def _in_checkout(repo: Path, rel: str) -> os.stat_result | None:
+    """``repo/rel``'s lstat, reached without following a link on the way (None: not there)."""
+    fd, name = _open_parent(repo, rel, create=False)
+    try:
+        return os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def place_link(repo: Path, tree: Path, rel: str) -> str | None:
     """``tree/rel`` a link to the checkout's ``repo/rel``; why not, or None."""
     source = repo / rel
-    if not os.path.lexists(source):
+    try:
+        found = _in_checkout(repo, rel)
+    except FileNotFoundError:
+        found = None
+    if found is None:
         return f"[workspace] link {rel!r}: your checkout has no {rel}"
     fd, name = _open_parent(tree, rel, create=True)
     try:
@@ -331,8 +346,10 @@ def place_copy(repo: Path, tree: Path, rel: str) -> tuple[str | None, int]:
     """``repo/rel`` copied to ``tree/rel`` afresh (regular files and directories only); (why not, skipped)."""
     source = repo / rel
     try:
-        st = os.lstat(source)
+        st = _in_checkout(repo, rel)
     except FileNotFoundError:
+        st = None
+    if st is None:
         return f"[workspace] copy {rel!r}: your checkout has no {rel}", 0
     if stat.S_ISLNK(st.st_mode):
         return f"[workspace] copy {rel!r}: it is a link in your checkout; not followed (use link)", 0
