@@ -181,7 +181,8 @@ LIB_BROKEN = "exports.verify = () => true;\n"
 LIB_ADDED = LIB_GOOD + 'exports.sign = (d) => "ok:" + d;\n'
 NODE_TEST = ('const assert = require("assert");\nconst { verify } = require("mylib");\n'
              'assert.ok(verify("x", "ok:x"));\nassert.ok(!verify("x", "forged"));\n'
-             'for (const f of require("fs").readdirSync(".").filter((n) => n.startsWith("test_"))) require("./" + f);\n')
+             'for (const f of require("fs").readdirSync(".").filter((n) => n.startsWith("test_")))'
+             ' require("./" + f);\n')
 NODE_ADDED_TEST = 'const assert = require("assert");\nconst { sign, verify } = require("mylib");\n' \
                   'assert.ok(verify("y", sign("y")));\n'
 
@@ -276,7 +277,8 @@ def test_npm_with_a_plain_dependency_found_by_walking_up_is_a_note_not_a_refusal
     git(env.repo, "commit", "-q", "-m", "the app")
     env.write_config(gate={"commands": [NPM_GATE]})
     env.queue(entry("break two"))
-    env.steps([{"write": [{"path": "app.js", "content": "exports.two = () => 3;\n"}], "report": {"result": "improved"}}])
+    env.steps([{"write": [{"path": "app.js", "content": "exports.two = () => 3;\n"}],
+                "report": {"result": "improved"}}])
     tip = head(env.repo)
     r = cli("fire", "--cycles", "1")
     assert r.code == 0, r.stderr

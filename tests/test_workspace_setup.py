@@ -25,7 +25,7 @@ from support import Env, entry, git, live
 from evolve.childenv import with_path
 from evolve.config import ConfigError, bad_rel_path, load
 from evolve.cycle.gate import Gate
-from evolve.cycle.setup import Settled, exclude_pattern, setup_due, settle
+from evolve.cycle.setup import Settled, exclude_pattern, settle, setup_due
 from evolve.procgroup import group_alive
 
 # A setup step that records, in a directory it makes (build/, not git-ignored), the pyproject it saw;
@@ -181,8 +181,8 @@ def test_what_setup_leaves_is_kept_and_never_committed(env: Env, cli) -> None:
     for sha in git(env.repo, "log", "--format=%H", "-2").split():
         assert set(git(env.repo, "show", "--name-only", "--format=", sha).split()) <= {"a.md", "b.md"}
     assert "/build" in (env.repo / ".git" / "info" / "exclude").read_text().splitlines()
-    assert [x for x in r.events() if x["event"] == "workspace.setup"][0]["reason"] == "the worktree was made"
-    assert len([x for x in r.events() if x["event"] == "workspace.setup"]) == 1
+    setups = [x for x in r.events() if x["event"] == "workspace.setup"]
+    assert [x["reason"] for x in setups] == ["the worktree was made"]
     assert_git_clean(env)
 
 
