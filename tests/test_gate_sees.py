@@ -332,3 +332,88 @@ def test_without_the_copy_the_probe_names_the_gitignored_file_the_worktree_lacks
     assert "local.conf" in env.ledger()[0]["gate_output"]
     assert (env.repo / "local.conf").read_text() == "db=ok\n"
     assert_git_clean(env)
+
+
+# -- the probe's own rules, with real venvs ----------------------------------------------------------
+
+def test_a_root_conftest_makes_pytest_import_the_worktree_and_the_probe_lets_it_run(env: Env, cli) -> None:
+    """Flat layout, the ``pytest`` entry point, a conftest.py at the top: pytest itself puts the top first
+    on sys.path (prepend mode), so the worktree's mypkg is tested; no refusal, and the broken change is red."""
+    bin_dir = pyfixture.operator_venv(env.repo, "flat")
+    (env.repo / "conftest.py").write_text("")
+    git(env.repo, "add", "-A")
+    git(env.repo, "commit", "-q", "-m", "the project")
+    env.write_config(gate={"commands": [ENTRY_GATE]})
+    env.queue(entry("simplify verify_signature"))
+    env.steps([breaks("flat")])
+    tip = head(env.repo)
+    r = cli("fire", "--cycles", "1", extra_env={"PATH": path_with(bin_dir)})
+    assert r.code == 0, r.stderr
+    assert [e["result"] for e in env.ledger()] == ["regressed"]
+    assert head(env.repo) == tip
+    rec = orjson.loads((env.paths.evolve_dir / "workspace-probe.json").read_bytes())
+    assert rec["problems"] == [] and rec["sees"]["commands"][0]["imports"]["mypkg"]["place"] == "worktree"
+    assert_git_clean(env)
+
+
+def test_pytest_pythonpath_src_makes_the_src_layout_import_the_worktree(env: Env, cli) -> None:
+    bin_dir = pyfixture.operator_venv(env.repo, "src")
+    with open(env.repo / "pyproject.toml", "a") as fh:
+        fh.write('\n[tool.pytest.ini_options]\npythonpath = ["src"]\n')
+    git(env.repo, "add", "-A")
+    git(env.repo, "commit", "-q", "-m", "the project")
+    env.write_config(gate={"commands": [ENTRY_GATE]})
+    env.queue(entry("simplify verify_signature"))
+    env.steps([breaks("src")])
+    r = cli("fire", "--cycles", "1", extra_env={"PATH": path_with(bin_dir)})
+    assert r.code == 0, r.stderr
+    assert [e["result"] for e in env.ledger()] == ["regressed"]
+    assert_git_clean(env)
+
+
+def test_a_non_editable_install_is_an_installed_copy_and_refused(env: Env, cli) -> None:
+    pyfixture.make_project(env.repo, "src")
+    python = pyfixture.make_venv(env.repo / ".venv")
+    pyfixture.install_copy(python, env.repo)
+    git(env.repo, "add", "-A")
+    git(env.repo, "commit", "-q", "-m", "the project")
+    env.write_config(gate={"commands": [PYTEST_GATE]})
+    env.queue(entry("anything"))
+    r = cli("fire", "--cycles", "1", extra_env={"PATH": path_with(env.repo / ".venv" / "bin")})
+    assert r.code == 78, r.stderr
+    (failed,) = [e for e in r.events() if e["event"] == "preflight.failed"]
+    assert "site-packages" in failed["error"] and "an installed copy" in failed["error"]
+    assert env.calls() == []
+    assert_git_clean(env)
+
+
+def test_a_gate_python_without_the_project_is_refused(env: Env, cli, tmp_path: Path) -> None:
+    """The cron/systemd case: another venv (evolve's own) first on PATH, without the project or pytest."""
+    pyfixture.make_project(env.repo, "src")
+    git(env.repo, "add", "-A")
+    git(env.repo, "commit", "-q", "-m", "the project")
+    other = tmp_path / "evolve-venv"
+    base = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base, "-m", "venv", "--without-pip", str(other)], check=True)
+    env.write_config(gate={"commands": [PYTEST_GATE]})
+    env.queue(entry("anything"))
+    r = cli("fire", "--cycles", "1", extra_env={"PATH": path_with(other / "bin")})
+    assert r.code == 78, r.stderr
+    (failed,) = [e for e in r.events() if e["event"] == "preflight.failed"]
+    assert "has no module 'pytest'" in failed["error"] or "cannot import mypkg at all" in failed["error"]
+    assert str(other) in failed["error"]
+    assert env.calls() == []
+    rec = orjson.loads((env.paths.evolve_dir / "workspace-probe.json").read_bytes())
+    assert rec["problems"][0]["message"] == failed["error"]
+    assert_git_clean(env)
+
+
+def test_a_gate_program_missing_from_path_is_refused(env: Env, cli) -> None:
+    env.write_config(gate={"commands": [["no-such-test-runner", "-q"]]})
+    env.queue(entry("anything"))
+    r = cli("fire", "--cycles", "1")
+    assert r.code == 78, r.stderr
+    (failed,) = [e for e in r.events() if e["event"] == "preflight.failed"]
+    assert "'no-such-test-runner' is not on the gate's PATH" in failed["error"]
+    assert env.calls() == [] and env.ledger() == []
+    assert_git_clean(env)

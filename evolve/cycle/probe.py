@@ -31,7 +31,6 @@ _PYTHON = re.compile(r"(python|pypy)(\d+(\.\d+)*)?")
 _NODE = frozenset({"npm", "npx", "node", "nodejs", "yarn", "pnpm", "bun"})
 # Tools that build their own environment from the tree they run in: what they import is theirs to get right.
 _ISOLATING = frozenset({"tox", "nox", "hatch", "uvx"})
-_PY_VALUE_OPTS = frozenset({"-W", "-X", "-Q"})
 # uv run's options that take a value (the rest are flags); the command follows them.
 _UV_VALUE_OPTS = frozenset({
     "--with", "--with-editable", "--with-requirements", "--extra", "--group", "--no-group", "--only-group",
@@ -87,24 +86,30 @@ def is_python(name: str) -> bool:
 
 
 def parse_python_args(args: Sequence[str]) -> tuple[tuple[str, ...], str | None, str | None, bool]:
-    """An interpreter's arguments: (its options, ``-m`` module, script path, ``-c`` given)."""
+    """An interpreter's arguments: (its options, ``-m`` module, script path, ``-c`` given). Short options
+    combine as Python reads them: ``-Bc code``, ``-Im pytest``, ``-Wdefault``."""
     flags: list[str] = []
     i = 0
     while i < len(args):
         a = args[i]
-        if a == "-m":
-            return tuple(flags), (args[i + 1] if i + 1 < len(args) else ""), None, False
-        if a.startswith("-m") and not a.startswith("--"):
-            return tuple(flags), a[2:], None, False
-        if a == "-c" or (a.startswith("-c") and not a.startswith("--")):
-            return tuple(flags), None, None, True
-        if a in _PY_VALUE_OPTS:
-            flags.extend(args[i : i + 2])
-            i += 2
-            continue
         if a == "-" or not a.startswith("-"):
             return tuple(flags), None, (None if a == "-" else a), a == "-"
-        flags.append(a)
+        if a.startswith("--"):
+            flags.append(a)
+            i += 1
+            continue
+        for j, ch in enumerate(a[1:], start=1):
+            rest = a[j + 1 :]
+            if ch == "m":
+                return tuple(flags), rest or (args[i + 1] if i + 1 < len(args) else ""), None, False
+            if ch == "c":
+                return tuple(flags), None, None, True
+            if ch in "WXQ":
+                flags += [f"-{ch}", rest] if rest else [f"-{ch}", *args[i + 1 : i + 2]]
+                if not rest:
+                    i += 1
+                break
+            flags.append(f"-{ch}")
         i += 1
     return tuple(flags), None, None, True  # no script: like -c, sys.path[0] is the cwd
 
@@ -283,7 +288,8 @@ def within(path: str, root: str) -> bool:
 
 def place(spec: Mapping[str, Any] | None, *, tree: str, repo: str) -> tuple[str, str]:
     """Where a name resolved (realpaths): ``worktree``, ``checkout`` (the operator's, outside the
-    worktree), ``elsewhere`` (an installed copy) or ``missing``; and the path that says so."""
+    worktree), ``elsewhere`` (an installed copy: any ``site-packages``, or outside both) or ``missing``;
+    and the path that says so."""
     if not spec:
         return "missing", ""
     if spec.get("error"):
@@ -291,6 +297,9 @@ def place(spec: Mapping[str, Any] | None, *, tree: str, repo: str) -> tuple[str,
     where = [str(spec["origin"])] if spec.get("origin") else [str(p) for p in spec.get("locations") or []]
     if not where:
         return "missing", ""
+    installed = [p for p in where if {"site-packages", "dist-packages"} & set(p.split("/"))]
+    if installed:  # a copy pip installed, even in a venv inside the checkout or the worktree
+        return "elsewhere", installed[0]
     if any(within(p, tree) for p in where):
         return "worktree", next(p for p in where if within(p, tree))
     if any(within(p, repo) for p in where):
