@@ -417,3 +417,62 @@ def test_a_gate_program_missing_from_path_is_refused(env: Env, cli) -> None:
     assert "'no-such-test-runner' is not on the gate's PATH" in failed["error"]
     assert env.calls() == [] and env.ledger() == []
     assert_git_clean(env)
+
+
+# -- doctor and --dry-run show what the gate will see -----------------------------------------------
+
+def doctor_findings(cli, extra: dict[str, str]) -> tuple[int, list[dict[str, str]]]:
+    r = cli("doctor", "--json", extra_env=extra)
+    return r.code, [f for f in orjson.loads(r.stdout) if f["check"] in ("gate sees", "setup", "link")]
+
+
+def test_doctor_and_dry_run_show_what_the_gate_will_see(env: Env, cli) -> None:
+    bin_dir = python_repo(env, "src")
+    env.write_config(gate={"commands": [PYTEST_GATE]})
+    extra = {"PATH": path_with(bin_dir)}
+    code, found = doctor_findings(cli, extra)
+    assert [f["level"] for f in found] == ["WARN"] and "no worktree yet" in found[0]["message"]
+    env.queue(entry("anything"))
+    assert cli("fire", "--cycles", "1", extra_env=extra).code == 78  # makes the worktree, refuses
+    code, found = doctor_findings(cli, extra)
+    assert code == 1
+    fail = [f for f in found if f["level"] == "FAIL"]
+    assert fail and "imports mypkg from your checkout" in fail[0]["message"] and ".venv/bin" in fail[0]["fix"]
+    assert any(f["level"] == "OK" and "mypkg from the checkout" in f["message"] for f in found)
+    # the dry run: the same, as data, and nothing written
+    before = {p: p.read_bytes() for p in env.repo.rglob("*") if p.is_file() and ".git/" not in str(p)
+              and ".venv" not in p.parts}
+    r = cli("fire", "--dry-run", extra_env=extra)
+    assert r.code == 0, r.stderr
+    plan = orjson.loads(r.stdout[r.stdout.index("{\n"):])
+    sees = plan["gate_sees"]["gate_sees"]
+    assert sees["PATH"].split(os.pathsep)[0] == str(bin_dir) and sees["project_names"] == ["mypkg"]
+    (row,) = sees["commands"]
+    assert row["interpreter"] == str(bin_dir / "python") and row["imports"]["mypkg"]["place"] == "checkout"
+    assert sees["problems"][0]["message"] == fail[0]["message"] and sees["from_record"] is True
+    assert plan["gate_sees"]["setup"] == {"state": "none configured"}
+    after = {p: p.read_bytes() for p in env.repo.rglob("*") if p.is_file() and ".git/" not in str(p)
+             and ".venv" not in p.parts}
+    assert before == after
+
+
+def test_doctor_is_green_once_the_worktree_has_its_own_venv(env: Env, cli) -> None:
+    bin_dir = python_repo(env, "flat")
+    env.write_config(gate={"commands": [ENTRY_GATE]}, workspace={**setup_cfg(ENTRY_GATE), "link": ["data"]})
+    (env.repo / "data").mkdir()
+    env.queue(entry("nothing"))
+    env.steps([{"report": {"result": "unchanged"}}])
+    extra = {"PATH": path_with(bin_dir)}
+    assert cli("fire", "--cycles", "1", extra_env=extra).code == 0
+    code, found = doctor_findings(cli, extra)
+    assert code == 0, found
+    assert [f["level"] for f in found] == ["OK"] * len(found)
+    msgs = " | ".join(f["message"] for f in found)
+    assert "up to date" in msgs and "mypkg from the worktree" in msgs and "linked" in msgs
+    assert "the gate tests the worktree's code" in msgs
+    r = cli("fire", "--dry-run", extra_env=extra)
+    plan = orjson.loads(r.stdout[r.stdout.index("{\n"):])["gate_sees"]
+    assert plan["setup"]["state"] == "up to date" and plan["setup"]["last"]["ok"] is True
+    assert plan["links"] == [{"path": "data", "target": str(env.repo / "data"), "state": "linked"}]
+    assert plan["gate_sees"]["path"] == [str(env.tree / ".venv" / "bin")]
+    assert plan["gate_sees"]["commands"][0]["imports"]["mypkg"]["place"] == "worktree"

@@ -759,7 +759,11 @@ class Fire:
                 plan["workspace"] = workspace.describe(ws)
                 plan["selection"] = {**sel.item.as_json(), "ref": sel.item.ref, "rung": sel.rung}
                 plan["agent"] = dryrun.agent_json(agent_plan, replace(inv, repo=ws.tree), self._runner())
-        self.log.info("fire.dry_run", **{k: v for k, v in plan.items() if k != "agent"})
+        # What the gate would see (§8.4): setup's state, links, copies, and where the gate imports from.
+        ws = workspace.open_workspace(self.paths.repo, self.paths.evolve_dir, self.cfg.git, self.gate.git_policy,
+                                      self.log, self.paths.landing_intent)
+        plan["gate_sees"] = self.prep.describe(ws)[0]
+        self.log.info("fire.dry_run", **{k: v for k, v in plan.items() if k not in ("agent", "gate_sees")})
         out = FireOutcome(exitcodes.OK, "dry-run", halt=d.halt)
         out.entries.append(plan)
         return out

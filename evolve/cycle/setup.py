@@ -174,7 +174,7 @@ def inputs_digest(tree: Path, globs: list[str]) -> tuple[str, list[str]]:
     return h.hexdigest()[:24], names
 
 
-def tree_id(tree: Path) -> str:
+def tree_id(tree: Path, *, create: bool = True) -> str:
     """An id kept in the worktree's private git dir: a worktree made again (its git dir too) has none."""
     try:
         text = (tree / ".git").read_text(encoding="utf-8", errors="replace").strip() if not (
@@ -193,6 +193,8 @@ def tree_id(tree: Path) -> str:
             return got
     except OSError:
         pass
+    if not create:
+        return ""
     new = secrets.token_hex(8)
     try:
         fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o644)
@@ -364,6 +366,16 @@ def place_copy(repo: Path, tree: Path, rel: str) -> tuple[str | None, int]:
         return None, _copy_into(str(source), fd, name)
     finally:
         os.close(fd)
+
+
+def _link_state(tree: Path, repo: Path, rel: str) -> str:
+    try:
+        target = os.readlink(tree / rel)
+    except FileNotFoundError:
+        return "not yet"
+    except OSError:
+        return "the worktree has its own (not a link)"
+    return "linked" if target == str(repo / rel) else f"points elsewhere ({target[:200]})"
 
 
 @dataclass(frozen=True)
@@ -553,6 +565,48 @@ class Preparer:
         except (gitrun.GitError, OSError) as exc:
             self.log.warning("workspace.setup_output_unsettled", error=str(exc)[:300])
             return []
+
+    # -- what doctor and the dry run show ---------------------------------------------------------
+
+    def describe(self, ws: Any) -> tuple[dict[str, Any], probe.Verdict | None]:
+        """What the gate will see, read-only: setup's state, links and copies, and the probe's answer
+        (the recorded one while nothing it depends on changed, else asked now; nothing is written).
+        The verdict is None when there is no worktree to ask yet."""
+        tree, repo = ws.tree, self.paths.repo
+        ws_cfg = self.cfg.workspace
+        out: dict[str, Any] = {"isolation": "worktree" if ws.isolated else "none", "tree": str(tree)}
+        made = (tree / ".git").exists() if ws.isolated else True
+        out["setup"] = self._setup_state(tree, made) if ws.isolated else (
+            {"state": "skipped: the agent works in your checkout"} if ws_cfg.setup else {"state": "none configured"})
+        out["links"] = [{"path": rel, "target": str(repo / rel), "state": _link_state(tree, repo, rel)}
+                        for rel in ws_cfg.link]
+        out["copies"] = [{"path": rel, "state": "copied" if os.path.lexists(tree / rel) else "not yet"}
+                         for rel in ws_cfg.copy]
+        if not made:
+            out["gate_sees"] = {"state": "no worktree yet: the first fire makes it, runs setup and probes before "
+                                         "claiming any work"}
+            return out, None
+        s = sees.Sees(self.cfg, self.env, tree, repo, config_label=self.config_label)
+        rec = sees.cached(self.probe_path, s.key())
+        v = sees.from_record(rec) if rec is not None else s.verdict()
+        out["gate_sees"] = {**s.describe(v), "from_record": rec is not None}
+        return out, v
+
+    def _setup_state(self, tree: Path, made: bool) -> dict[str, Any]:
+        if not self.cfg.workspace.setup:
+            return {"state": "none configured"}
+        stamp = read_json(self.stamp_path)
+        stamp = stamp if isinstance(stamp, dict) else None
+        if not made:
+            return {"state": "will run: the first fire makes the worktree"}
+        digest, inputs = inputs_digest(tree, self.cfg.workspace.inputs)
+        due = setup_due(stamp, commands=True, tree=str(tree), tree_id=tree_id(tree, create=False),
+                        config=setup_key(self.cfg), digest=digest)
+        out: dict[str, Any] = {"state": f"will run: {due}" if due else "up to date", "inputs": inputs[:20],
+                               "stamp": str(self.stamp_path)}
+        if stamp is not None:
+            out["last"] = {k: stamp.get(k) for k in ("at", "ok", "reason", "phase", "failed", "kept") if k in stamp}
+        return out
 
     # -- before the gate ---------------------------------------------------------------------------
 
