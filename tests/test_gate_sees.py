@@ -476,3 +476,98 @@ def test_doctor_is_green_once_the_worktree_has_its_own_venv(env: Env, cli) -> No
     assert plan["links"] == [{"path": "data", "target": str(env.repo / "data"), "state": "linked"}]
     assert plan["gate_sees"]["path"] == [str(env.tree / ".venv" / "bin")]
     assert plan["gate_sees"]["commands"][0]["imports"]["mypkg"]["place"] == "worktree"
+
+
+# -- uv run --------------------------------------------------------------------------------------------
+
+def _uv() -> str | None:
+    import shutil
+
+    found = shutil.which("uv")
+    if found:
+        return found
+    try:
+        import uv  # type: ignore[import-not-found]  # the PyPI package ships the binary
+    except ImportError:
+        return None
+    return uv.find_uv_bin()
+
+
+UNITTEST = ("import unittest\nfrom mypkg import verify_signature\n\n\nclass T(unittest.TestCase):\n"
+            "    def test_good(self):\n        self.assertTrue(verify_signature(b'x', 'ok:x'))\n\n"
+            "    def test_bad(self):\n        self.assertFalse(verify_signature(b'x', 'forged'))\n")
+
+
+@pytest.mark.skipif(_uv() is None, reason="uv is not installed")
+def test_uv_run_tests_the_worktree_and_the_probe_asks_uv(env: Env, cli) -> None:
+    """``uv run`` syncs the project's own .venv where it runs: in the worktree, from the worktree (offline:
+    the fixture's backend needs nothing). The checkout's uv venv has the project installed editable."""
+    uv = _uv()
+    assert uv is not None
+    pyfixture.make_project(env.repo, "src")
+    (env.repo / "tests" / "test_sig.py").write_text(UNITTEST)
+    uv_env = {**os.environ, "UV_CACHE_DIR": str(env.root / "uv-cache")}
+    subprocess.run([uv, "sync", "--offline"], cwd=env.repo, check=True, capture_output=True, env=uv_env)
+    git(env.repo, "add", "-A")
+    git(env.repo, "commit", "-q", "-m", "the project")
+    gate = [uv, "run", "--offline", "python", "-m", "unittest", "discover", "-s", "tests", "-q"]
+    env.write_config(gate={"commands": [gate], "pass_env": ["UV_CACHE_DIR"]})
+    env.queue(entry("simplify verify_signature"))
+    env.steps([breaks("src")])
+    tip = head(env.repo)
+    r = cli("fire", "--cycles", "1", extra_env={"UV_CACHE_DIR": str(env.root / "uv-cache"),
+                                                "PATH": path_with(env.repo / ".venv" / "bin")})
+    assert r.code == 0, r.stderr
+    rec = orjson.loads((env.paths.evolve_dir / "workspace-probe.json").read_bytes())
+    assert rec["problems"] == [], rec
+    (row,) = rec["sees"]["commands"]
+    assert row["starts"]["kind"] == "uv" and row["imports"]["mypkg"]["place"] == "worktree"
+    assert row["interpreter"].startswith(str(env.tree))  # the worktree's own .venv, made by uv run
+    assert [e["result"] for e in env.ledger()] == ["regressed"]
+    assert head(env.repo) == tip
+    assert_git_clean(env)
+
+
+def test_in_place_the_checkout_is_the_tree_and_its_editable_venv_is_right(env: Env, cli) -> None:
+    """``[git] isolation = "none"``: the gate runs in the checkout, so the checkout's editable venv tests
+    exactly the code that is committed; no refusal, and the broken change is red."""
+    bin_dir = python_repo(env, "src")
+    env.write_config(gate={"commands": [PYTEST_GATE]}, git={"isolation": "none"},
+                     workspace={"setup": [["false"]]})
+    env.queue(entry("simplify verify_signature"))
+    env.steps([breaks("src")])
+    tip = head(env.repo)
+    r = cli("fire", "--cycles", "1", extra_env={"PATH": path_with(bin_dir)})
+    assert r.code == 0, r.stderr
+    assert "workspace.setup_skipped" in r.names()  # never run in the operator's checkout
+    assert [e["result"] for e in env.ledger()] == ["regressed"]
+    assert head(env.repo) == tip
+    assert git(env.repo, "status", "--porcelain").strip() == ""
+
+
+def test_status_drops_the_probe_s_reason_once_the_config_changes(env: Env, cli) -> None:
+    bin_dir = python_repo(env, "src")
+    env.write_config(gate={"commands": [PYTEST_GATE]})
+    env.queue(entry("anything"))
+    extra = {"PATH": path_with(bin_dir)}
+    assert cli("fire", "--cycles", "1", extra_env=extra).code == 78
+    assert orjson.loads(cli("status", "--json", extra_env=extra).stdout)["health"] == "degraded"
+    env.write_config(workspace={"probe": False})
+    snap = orjson.loads(cli("status", "--json", extra_env=extra).stdout)
+    assert not any("worktree's code" in r for r in snap["reasons"]), snap["reasons"]
+
+
+def test_a_goal_check_that_imports_the_checkout_is_refused_too(env: Env, cli) -> None:
+    bin_dir = pyfixture.operator_venv(env.repo, "src")
+    (env.repo / "GOALS.yaml").write_text("version: 3\nmission: m\ngoals:\n  - id: sig\n    description: d\n"
+                                         "    check: python -m pytest -q -p no:cacheprovider\n    weight: 1\n")
+    git(env.repo, "add", "-A")
+    git(env.repo, "commit", "-q", "-m", "the project")
+    env.queue(entry("anything"))
+    r = cli("fire", "--cycles", "1", extra_env={"PATH": path_with(bin_dir)})
+    assert r.code == 78, r.stderr
+    (failed,) = [e for e in r.events() if e["event"] == "preflight.failed"]
+    assert failed["error"].startswith("goal check sig 'python -m pytest -q -p no:cacheprovider': its interpreter")
+    assert "imports mypkg from your checkout" in failed["error"]
+    assert env.calls() == [] and env.ledger() == []
+    assert_git_clean(env)

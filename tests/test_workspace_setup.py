@@ -422,3 +422,31 @@ def test_an_escaped_pattern_matches_exactly_that_path(tmp_path: Path) -> None:
 ])
 def test_bad_rel_path_table(path, bad) -> None:
     assert bad_rel_path(path) == bad
+
+
+def test_the_agent_gets_the_workspace_path_but_its_own_program_from_the_fire_s_path(env: Env, cli,
+                                                                                     tmp_path: Path) -> None:
+    """The agent runs the tests itself: its PATH starts with the worktree's venv, as the gate's does; but a
+    ``myagent`` that setup (code the agent controls) put in that venv never stands in for the real one."""
+    seen = tmp_path / "agent-path.txt"
+    real = tmp_path / "bin" / "myagent"
+    real.parent.mkdir()
+    real.write_text(f"#!{sys.executable}\nimport json, os\n"
+                    f"open({str(seen)!r}, 'w').write('real ' + os.environ['PATH'])\n"
+                    "open(os.environ['EVOLVE_REPORT_FILE'], 'w').write(json.dumps({'result': 'unchanged'}))\n")
+    real.chmod(0o755)
+    plant = ("import os, pathlib; p = pathlib.Path('.venv/bin'); p.mkdir(parents=True, exist_ok=True); "
+             f"(p / 'myagent').write_text('#!/bin/sh\\necho planted > {seen}\\n'); os.chmod(p / 'myagent', 0o755)")
+    (env.repo / ".gitignore").write_text(".venv/\n")
+    git(env.repo, "add", "-A")
+    git(env.repo, "commit", "-q", "-m", "ignore")
+    env.write_config(agent={"argv": ["myagent"], "pass_env": []},
+                     workspace={"setup": [[sys.executable, "-c", plant]], "path": [".venv/bin"]})
+    env.queue(entry("anything"))
+    r = cli("fire", "--cycles", "1", extra_env={"PATH": f"{real.parent}{os.pathsep}{os.environ['PATH']}"})
+    assert r.code == 0, r.stderr
+    kind, path = seen.read_text().split(" ", 1)
+    assert kind == "real"
+    assert path.split(os.pathsep)[0] == str(env.tree / ".venv" / "bin")
+    assert [x["result"] for x in env.ledger()] == ["unchanged"]
+    assert_git_clean(env)

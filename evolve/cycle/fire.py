@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import threading
 import time
@@ -28,9 +29,10 @@ from evolve.agent import session as sessions
 from evolve.agent.invocation import Invocation
 from evolve.agent.report import AgentReport, redacted
 from evolve.agent.runners import RESUMING_CLIS, Runner, make_runner
-from evolve.childenv import seal_own_environ
+from evolve.childenv import seal_own_environ, with_path
 from evolve.config import Config
 from evolve.cycle import budget, dryrun, halt, recovery, retention, scout, side, transition, watch, workspace
+from evolve.cycle import sees as ws_sees
 from evolve.cycle import setup as ws_setup
 from evolve.cycle import step1 as step1_shell
 from evolve.cycle.context import FireContext, Observer
@@ -565,7 +567,17 @@ class Fire:
         return plan, inv
 
     def _runner(self) -> Runner:
-        return make_runner(self.cfg, self.env, self.paths)
+        """The agent runs tests too, so it gets ``[workspace] path`` first on its PATH, as the gate does (§8.4);
+        its own program is looked up on the fire's PATH first, so nothing in the worktree can stand in for it."""
+        cfg, env = self.cfg, self.env
+        dirs = ws_sees.path_dirs(self.ws.tree, cfg.workspace.path)
+        if dirs:
+            argv = cfg.agent.argv
+            found = shutil.which(argv[0], path=env.get("PATH")) if argv and "/" not in argv[0] else None
+            if found:
+                cfg = replace(cfg, agent=replace(cfg.agent, argv=[found, *argv[1:]]))
+            env = with_path(dict(env), dirs)
+        return make_runner(cfg, env, self.paths)
 
     def _finish(
         self,

@@ -20,7 +20,7 @@ import os
 import re
 import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 PROBE_FILE = "workspace-probe.json"  # the last probe's answer, in the state dir (status reads it)
@@ -71,9 +71,11 @@ class Launch:
     pytest: bool = False  # pytest's own sys.path rules apply
     uv_args: tuple[str, ...] = ()  # uv run's options, before its command
     inner: tuple[str, ...] = ()  # uv run's command
+    role: str = "gate command"  # or "goal check <id>" (GOALS checks run in the worktree too)
 
     def as_json(self) -> dict[str, Any]:
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items() if v not in ((), None)}
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()
+                if v not in ((), None) and k != "role"}
 
 
 def label(argv: Sequence[str]) -> str:
@@ -172,9 +174,14 @@ def parse_uv_run(args: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]
     return tuple(opts), ()
 
 
-def classify(argv: Sequence[str], which: Callable[[str], str | None], head: Callable[[str], str]) -> Launch:
+def classify(argv: Sequence[str], which: Callable[[str], str | None], head: Callable[[str], str],
+             role: str = "gate command") -> Launch:
     """What ``argv`` starts: ``which`` is the gate's PATH lookup (a path with a ``/`` is taken relative to
     the worktree), ``head`` the first bytes of a file as text ("" when unreadable)."""
+    return replace(_classify(argv, which, head), role=role)
+
+
+def _classify(argv: Sequence[str], which: Callable[[str], str | None], head: Callable[[str], str]) -> Launch:
     text = label(argv)
     if not argv:
         return Launch(text, "missing")
@@ -348,17 +355,19 @@ def python_problems(launch: Launch, answer: Mapping[str, Any] | None, names: Seq
     in_place = tree == repo
     fix = python_fix(facts, launch, config=config, in_place=in_place)
     interp = launch.interpreter or launch.program or "?"
-    who = f"the gate's interpreter {interp}" if launch.kind != "uv" else "uv run's interpreter"
+    who = f"the gate's interpreter {interp}" if launch.role == "gate command" else f"its interpreter {interp}"
+    if launch.kind == "uv":
+        who = "uv run's interpreter"
     if answer is None or answer.get("error"):
         why = (answer or {}).get("error") or "no answer"
-        return [Problem(launch.label, f"gate command {launch.label!r}: cannot ask {who} what it imports: {why}",
+        return [Problem(launch.label, f"{launch.role} {launch.label!r}: cannot ask {who} what it imports: {why}",
                         fix)], {}
     specs = answer.get("spec") or {}
     seen = {n: dict(zip(("place", "path"), place(specs.get(n), tree=tree, repo=repo), strict=True)) for n in names}
     out: list[Problem] = []
     if launch.module and launch.module not in names and place(specs.get(launch.module), tree=tree,
                                                               repo=repo)[0] == "missing":
-        out.append(Problem(launch.label, f"gate command {launch.label!r}: {who} has no module {launch.module!r}",
+        out.append(Problem(launch.label, f"{launch.role} {launch.label!r}: {who} has no module {launch.module!r}",
                            fix))
     bad = [(n, s) for n, s in seen.items() if s["place"] != "worktree"]
     if bad:
@@ -370,7 +379,7 @@ def python_problems(launch: Launch, answer: Mapping[str, Any] | None, names: Seq
             what = f"imports {n} from {s['path']} (an installed copy), not the worktree"
         else:
             what = f"cannot import {n} at all"
-        out.append(Problem(launch.label, f"gate command {launch.label!r}: {who} {what}{more}", fix))
+        out.append(Problem(launch.label, f"{launch.role} {launch.label!r}: {who} {what}{more}", fix))
     return out, seen
 
 
@@ -403,26 +412,27 @@ def node_problems(launch: Launch, facts: NodeFacts, *, config: str) -> list[Prob
     setup = f"in {config}: [workspace] setup = {json.dumps([node_setup(facts.lock)])}"
     if facts.foreign:
         name, target = facts.foreign[0]
-        return [Problem(launch.label, f"gate command {launch.label!r}: node_modules/{name} in the worktree "
+        return [Problem(launch.label, f"{launch.role} {launch.label!r}: node_modules/{name} in the worktree "
                         f"loads your checkout's {target}, not the worktree's", setup + " (instead of link)")]
     if facts.tree_modules != "absent" or not facts.repo_modules:
         return []
+    # Linking the checkout's node_modules is no fix when its links load the checkout's own packages.
     link = "" if facts.repo_foreign else ', or link = ["node_modules"]'
+    if not facts.nested:
+        return [Problem(launch.label, f"{launch.role} {launch.label!r}: the worktree has no node_modules (yours is "
+                        "in the checkout): its dependencies are not found there", setup + link)]
     if facts.repo_foreign:
-        return [Problem(launch.label, f"gate command {launch.label!r}: the worktree has no node_modules, so node "
+        return [Problem(launch.label, f"{launch.role} {launch.label!r}: the worktree has no node_modules, so node "
                         "finds your checkout's, whose links load the checkout's own packages, not the worktree's",
                         setup)]
-    if not facts.nested:
-        return [Problem(launch.label, f"gate command {launch.label!r}: the worktree has no node_modules (yours is "
-                        "in the checkout): its dependencies are not found there", setup + link)]
-    return [Problem(launch.label, f"gate command {launch.label!r}: the worktree has no node_modules; node finds "
+    return [Problem(launch.label, f"{launch.role} {launch.label!r}: the worktree has no node_modules; node finds "
                     "your checkout's by walking up, so a dependency a change adds is not installed",
                     setup + link, refuse=False)]
 
 
 def missing_problem(launch: Launch, path: str) -> Problem:
     shown = path if len(path) <= 200 else path[:199] + "…"
-    return Problem(launch.label, f"gate command {launch.label!r}: {shlex.split(launch.label)[0]!r} is not on "
+    return Problem(launch.label, f"{launch.role} {launch.label!r}: {shlex.split(launch.label)[0]!r} is not on "
                    f"the gate's PATH ({shown})",
                    "put it on the PATH evolve runs with (the unit's Environment=PATH, the cron line), "
                    "or name the worktree's dir in [workspace] path")

@@ -268,6 +268,29 @@ def node_facts(tree: Path, repo: Path) -> probe.NodeFacts:
     )
 
 
+def goal_checks(cfg: Config, tree: Path) -> list[tuple[str, list[str]]]:
+    """The GOALS checks that are one plain command (``pytest -q tests/x``; a check with shell syntax in it
+    is not guessed at): they run in the worktree with the gate's environment, so the same rules apply."""
+    if cfg.work.beads_only:
+        return []
+    from evolve.config import shell_syntax
+    from evolve.work.goals import GoalsError, load_goals
+
+    try:
+        gf = load_goals(tree)
+    except (GoalsError, OSError):
+        return []
+    out = []
+    for g in (gf.goals if gf is not None else [])[:20]:
+        try:
+            argv = shlex.split(g.check)
+        except ValueError:
+            continue
+        if argv and shell_syntax(argv, command_line=True) is None:
+            out.append((g.id, argv))
+    return out
+
+
 # -- asking the interpreter ---------------------------------------------------------------------------
 
 
@@ -349,7 +372,11 @@ class Sees:
         self.env = gate_env(cfg, env, tree)
         self.config_label = config_label
         path = self.env.get("PATH", os.defpath)
-        self.launches = [probe.classify(argv, lambda n: _which(n, path, tree), _head) for argv in cfg.gate.commands]
+        which = lambda n: _which(n, path, tree)  # noqa: E731
+        self.launches = [probe.classify(argv, which, _head) for argv in cfg.gate.commands]
+        self.launches += [la for la in (probe.classify(argv, which, _head, role=f"goal check {gid}")
+                                        for gid, argv in goal_checks(cfg, tree))
+                          if la.kind in ("python", "script", "uv", "node")]
         self.facts = tree_facts(tree)
         self.node = node_facts(tree, repo)
         self.names = probe.import_names(self.facts) if self.facts.python_project or self.facts.src else []
@@ -397,7 +424,7 @@ class Sees:
                         "python", self.env.get("PATH", ""), self.tree)
                     launch = probe.Launch(launch.label, "other", launch.program, interpreter=py, path0="")
                 if launch.interpreter is None and launch.kind != "uv":
-                    v.problems.append(probe.Problem(launch.label, f"gate command {launch.label!r}: no Python "
+                    v.problems.append(probe.Problem(launch.label, f"{launch.role} {launch.label!r}: no Python "
                                                     "interpreter found for it on the gate's PATH",
                                                     probe.python_fix(self.facts, launch, config=self.config_label,
                                                                      in_place=self.rtree == self.rrepo)))

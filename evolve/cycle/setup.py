@@ -430,7 +430,7 @@ class Preparer:
         elif self.cfg.workspace.setup and not self.placed:
             self.log.warning("workspace.setup_skipped", reason="the agent works in your checkout (in place)")
             self.placed = True
-        if not self.cfg.workspace.probe or not self.cfg.gate.commands:
+        if not self.cfg.workspace.probe:
             return None
         v = self.probe(tree)
         for note in v.notes:
