@@ -119,6 +119,12 @@ def test_probe_false_turns_the_refusal_off(env: Env, cli) -> None:
     r = cli("fire", "--cycles", "1", extra_env={"PATH": path_with(bin_dir)})
     assert r.code == 0, r.stderr
     assert [e["result"] for e in env.ledger()] == ["unchanged"]
+    assert "workspace.probed" not in r.names()  # not even asked
+    # doctor still says what the gate sees, as a warning
+    d = cli("doctor", "--json", extra_env={"PATH": path_with(bin_dir)})
+    (warn,) = [f for f in orjson.loads(d.stdout) if f["check"] == "gate sees" and f["level"] != "OK"]
+    assert warn["level"] == "WARN" and "imports mypkg from your checkout" in warn["message"]
+    assert "probe = false: fires go on" in warn["fix"]
     assert_git_clean(env)
 
 
@@ -156,6 +162,7 @@ def test_with_setup_a_good_change_lands(env: Env, cli, layout, gate) -> None:
     extra = {"PATH": path_with(bin_dir)}
     r = cli("fire", "--cycles", "1", extra_env=extra)
     assert r.code == 0, r.stderr
+    assert [x["reason"] for x in r.events() if x["event"] == "workspace.setup"] == ["the worktree was made"]
     (e,) = env.ledger()
     assert e["result"] == "improved" and e["gate"] == "PASS", e
     assert head(env.repo) == e["sha"] != tip  # the good change landed
@@ -368,6 +375,8 @@ def test_pytest_pythonpath_src_makes_the_src_layout_import_the_worktree(env: Env
     r = cli("fire", "--cycles", "1", extra_env={"PATH": path_with(bin_dir)})
     assert r.code == 0, r.stderr
     assert [e["result"] for e in env.ledger()] == ["regressed"]
+    rec = orjson.loads((env.paths.evolve_dir / "workspace-probe.json").read_bytes())
+    assert rec["problems"] == [] and rec["sees"]["commands"][0]["imports"]["mypkg"]["place"] == "worktree"
     assert_git_clean(env)
 
 
