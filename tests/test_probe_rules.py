@@ -13,6 +13,7 @@ PATH = {
     "py.test": "/venv/bin/py.test", "uv": "/usr/bin/uv", "npm": "/usr/bin/npm", "tox": "/usr/bin/tox",
     "make": "/usr/bin/make", "long": "/venv/bin/long", "nodescript": "/opt/bin/nodescript",
     "envscript": "/opt/bin/envscript", "./run.sh": "/t/run.sh", "node": "/usr/bin/node",
+    "ruff": "/venv/bin/ruff", "black": "/venv/bin/black",
 }
 HEADS = {
     "/venv/bin/pytest": "#!/venv/bin/python\n# -*- coding: utf-8 -*-\nimport re\nimport sys\n"
@@ -23,6 +24,7 @@ HEADS = {
     "/opt/bin/nodescript": "#!/usr/bin/env node\nconsole.log(1)\n",
     "/opt/bin/envscript": "#!/usr/bin/env -S python3 -I\nfrom tool import main\n",
     "/t/run.sh": "#!/bin/bash\nset -e\npytest\n",
+    "/venv/bin/black": "#!/venv/bin/python\nimport sys\nfrom black import patched_main\n",
 }
 
 
@@ -53,8 +55,10 @@ def classify(argv: list[str]) -> Launch:
     (["npm", "test"], dict(kind="node", program="/usr/bin/npm")),
     (["node", "t.js"], dict(kind="node")),
     (["tox", "-e", "py"], dict(kind="isolating")),
-    (["make", "test"], dict(kind="other")),
-    (["./run.sh"], dict(kind="other", program="/t/run.sh")),
+    (["make", "test"], dict(kind="shell")),
+    (["./run.sh"], dict(kind="shell", program="/t/run.sh")),
+    (["ruff", "check", "."], dict(kind="other", program="/venv/bin/ruff")),
+    (["black", "--check", "."], dict(kind="script", module="black")),
     (["nope"], dict(kind="missing")),
     (["uv", "run", "pytest", "-q"], dict(kind="uv", inner=("pytest", "-q"), path0="@bin", pytest=True)),
     (["uv", "run", "--frozen", "--extra", "test", "python", "-m", "pytest"],
@@ -130,6 +134,28 @@ def test_place_table(spec, where) -> None:
 
 PY = Launch("python -m pytest -q", "python", "/r/.venv/bin/python", interpreter="/r/.venv/bin/python",
             module="pytest", path0="", pytest=True)
+
+
+def test_a_tool_that_reads_files_gets_a_note_not_a_refusal() -> None:
+    black = Launch("black --check .", "script", "/r/.venv/bin/black", interpreter="/r/.venv/bin/python",
+                   module="black", path0="@script")
+    answer = {"spec": {"mypkg": {"origin": f"{R}/src/mypkg/__init__.py"}, "black": {"origin": "/x/black.py"}}}
+    (p,) = probe.python_problems(black, answer, ["mypkg"], TreeFacts(src=("mypkg",)), tree=T, repo=R, config="C")[0]
+    assert not p.refuse and "reads the worktree's files" in p.message
+
+
+@pytest.mark.parametrize(("kind", "facts", "py", "node"), [
+    ("python", TreeFacts(), True, False),
+    ("shell", TreeFacts(python_project=True), True, False),
+    ("shell", TreeFacts(package_json=True), False, True),
+    ("shell", TreeFacts(python_project=True, package_json=True), False, False),
+    ("other", TreeFacts(python_project=True), False, False),  # a compiled program imports no Python
+    ("node", TreeFacts(python_project=True), False, True),
+    ("isolating", TreeFacts(python_project=True), False, False),
+])
+def test_which_rules_apply_table(kind, facts, py, node) -> None:
+    la = Launch("x", kind, "/x")
+    assert (probe.needs_python(la, facts), probe.needs_node(la, facts)) == (py, node)
 
 
 @pytest.mark.parametrize(("answer", "messages"), [

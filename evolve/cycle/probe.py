@@ -28,6 +28,14 @@ SETUP_FILE = "workspace-setup.json"  # the last setup's stamp, in the state dir
 MAX_NAMES = 12  # top-level import names probed per project
 
 _PYTHON = re.compile(r"(python|pypy)(\d+(\.\d+)*)?")
+_SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh"})
+_TASK_RUNNERS = frozenset({"make", "gmake", "just", "task", "invoke", "inv", "poe"})
+# Modules that read files rather than import the project: a gate of theirs sees the tree it runs in,
+# so what the interpreter would import is only a note.
+_FILE_TOOLS = frozenset({
+    "black", "ruff", "flake8", "isort", "pyflakes", "pycodestyle", "pydocstyle", "bandit", "codespell",
+    "pre_commit", "yamllint", "autopep8", "docformatter", "pyupgrade",
+})
 _NODE = frozenset({"npm", "npx", "node", "nodejs", "yarn", "pnpm", "bun"})
 # Tools that build their own environment from the tree they run in: what they import is theirs to get right.
 _ISOLATING = frozenset({"tox", "nox", "hatch", "uvx"})
@@ -58,7 +66,9 @@ class Launch:
 
     ``kind``: ``python`` (an interpreter), ``script`` (a Python entry point such as ``pytest``), ``uv``
     (``uv run …``), ``node`` (npm, npx, node, yarn, pnpm), ``isolating`` (tox, nox, hatch: they make their
-    own environment from the tree), ``other`` (anything else) or ``missing`` (not on the gate's PATH).
+    own environment from the tree), ``shell`` (a shell script, make and other task runners: what they run
+    is not known, so the PATH's python is asked), ``other`` (a compiled program) or ``missing`` (not on
+    the gate's PATH).
     """
 
     label: str
@@ -224,7 +234,9 @@ def _classify(argv: Sequence[str], which: Callable[[str], str | None], head: Cal
                       path0=None if _isolated(flags) else "@script", pytest=is_pytest)
     if interp is not None and os.path.basename(written or interp) in _NODE:
         return Launch(text, "node", program)
-    return Launch(text, "other", program)
+    if name in _TASK_RUNNERS or (interp is not None and os.path.basename(written or interp) in _SHELLS):
+        return Launch(text, "shell", program)
+    return Launch(text, "other", program)  # a compiled program (ruff, go, cargo): it imports nothing of Python
 
 
 # -- the project's own names and the tree ---------------------------------------------------------
@@ -379,7 +391,11 @@ def python_problems(launch: Launch, answer: Mapping[str, Any] | None, names: Seq
             what = f"imports {n} from {s['path']} (an installed copy), not the worktree"
         else:
             what = f"cannot import {n} at all"
-        out.append(Problem(launch.label, f"{launch.role} {launch.label!r}: {who} {what}{more}", fix))
+        if launch.module in _FILE_TOOLS:
+            out.append(Problem(launch.label, f"{launch.role} {launch.label!r}: {who} {what}{more} ({launch.module} "
+                               "reads the worktree's files, so it judges them all the same)", fix, refuse=False))
+        else:
+            out.append(Problem(launch.label, f"{launch.role} {launch.label!r}: {who} {what}{more}", fix))
     return out, seen
 
 
@@ -493,11 +509,11 @@ def needs_python(launch: Launch, facts: TreeFacts) -> bool:
     """Whether the Python rules apply: a Python launch, or an unknown command in a Python project."""
     if launch.kind in ("python", "script", "uv"):
         return True
-    return launch.kind == "other" and facts.python_project and not facts.package_json
+    return launch.kind == "shell" and facts.python_project and not facts.package_json
 
 
 def needs_node(launch: Launch, facts: TreeFacts) -> bool:
-    return launch.kind == "node" or (launch.kind == "other" and facts.package_json and not facts.python_project)
+    return launch.kind == "node" or (launch.kind == "shell" and facts.package_json and not facts.python_project)
 
 
 def config_key(gate_commands: Iterable[Sequence[str]], workspace: Any) -> str:

@@ -419,10 +419,11 @@ class Sees:
             if launch.kind == "missing":
                 v.problems.append(probe.missing_problem(launch, self.env.get("PATH", "")))
             if probe.needs_python(launch, self.facts) and launch.kind != "missing":
-                if launch.kind == "other":  # a script or make: what the PATH's python imports
+                if launch.kind == "shell":  # a script or make: what the PATH's python imports
                     py = _which("python3", self.env.get("PATH", ""), self.tree) or _which(
                         "python", self.env.get("PATH", ""), self.tree)
-                    launch = probe.Launch(launch.label, "other", launch.program, interpreter=py, path0="")
+                    launch = probe.Launch(launch.label, "shell", launch.program, interpreter=py, path0="",
+                                          role=launch.role)
                 if launch.interpreter is None and launch.kind != "uv":
                     v.problems.append(probe.Problem(launch.label, f"{launch.role} {launch.label!r}: no Python "
                                                     "interpreter found for it on the gate's PATH",

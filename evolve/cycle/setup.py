@@ -467,6 +467,7 @@ class Preparer:
                                "tracked in the repository (the worktree has its own)",
                                f"remove {rel!r} from [workspace] link/copy in {self.config_label}")
         skipped = 0
+        add_excludes(repo, [*ws.link, *ws.copy], "links and copies")  # first: a half-done placing is never dirt
         try:
             for rel in ws.link:
                 why = place_link(repo, tree, rel)
@@ -480,7 +481,6 @@ class Preparer:
         except OSError as exc:
             return Refusal("workspace", f"[workspace] link/copy: {exc.strerror or exc}",
                            "remove what is in the way in the worktree (evolve follows no link there)")
-        add_excludes(repo, [*ws.link, *ws.copy], "links and copies")
         self.log.info("workspace.placed", links=len(ws.link), copies=len(ws.copy), skipped=skipped)
         return None
 
@@ -498,9 +498,13 @@ class Preparer:
         if due is None:
             return None
         self.log.info("workspace.setup", reason=due, phase=phase, commands=len(self.cfg.workspace.setup))
-        before = status_entries(tree)
+        try:
+            before: dict[str, str] | None = status_entries(tree)
+        except gitrun.GitError as exc:  # then nothing is settled: the cycle's own changes are never touched
+            self.log.warning("workspace.setup_output_unsettled", error=str(exc)[:300])
+            before = None
         run = self._run(tree, due)
-        kept = self._settle(tree, before)
+        kept = self._settle(tree, before) if before is not None else []
         rec: dict[str, Any] = {
             "tree": str(tree), "tree_id": tid, "config": setup_key(self.cfg), "digest": digest if run.ok else None,
             "inputs": inputs[:50], "ok": run.ok, "at": utc_iso(), "reason": due, "phase": phase, "kept": kept,
