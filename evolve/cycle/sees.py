@@ -22,6 +22,7 @@ import stat
 import tempfile
 import tomllib
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -365,7 +366,7 @@ def _digest(tree: Path, names: tuple[str, ...]) -> str:
 
 
 class Sees:
-    """The probe for one config, environment and tree: :meth:`plan` (no process), :meth:`verdict` (runs)."""
+    """The probe for one config, environment and tree: :meth:`key` (no process), :meth:`verdict` (asks)."""
 
     def __init__(self, cfg: Config, env: Mapping[str, str], tree: Path, repo: Path, *, config_label: str) -> None:
         self.cfg, self.tree, self.repo = cfg, tree, repo
@@ -377,6 +378,9 @@ class Sees:
         self.launches += [la for la in (probe.classify(argv, which, _head, role=f"goal check {gid}")
                                         for gid, argv in goal_checks(cfg, tree))
                           if la.kind in ("python", "script", "uv", "node")]
+        # A shell script or make: what it runs is not known; the PATH's python is what `python` in it is.
+        py = which("python3") or which("python")
+        self.launches = [replace(la, interpreter=py, path0="") if la.kind == "shell" else la for la in self.launches]
         self.facts = tree_facts(tree)
         self.node = node_facts(tree, repo)
         self.names = probe.import_names(self.facts) if self.facts.python_project or self.facts.src else []
@@ -419,11 +423,6 @@ class Sees:
             if launch.kind == "missing":
                 v.problems.append(probe.missing_problem(launch, self.env.get("PATH", "")))
             if probe.needs_python(launch, self.facts) and launch.kind != "missing":
-                if launch.kind == "shell":  # a script or make: what the PATH's python imports
-                    py = _which("python3", self.env.get("PATH", ""), self.tree) or _which(
-                        "python", self.env.get("PATH", ""), self.tree)
-                    launch = probe.Launch(launch.label, "shell", launch.program, interpreter=py, path0="",
-                                          role=launch.role)
                 if launch.interpreter is None and launch.kind != "uv":
                     v.problems.append(probe.Problem(launch.label, f"{launch.role} {launch.label!r}: no Python "
                                                     "interpreter found for it on the gate's PATH",
