@@ -153,6 +153,24 @@ def test_a_failing_setup_refuses_before_any_claim_and_status_says_why(env: Env, 
     assert not any("workspace" in x for x in orjson.loads(cli("status", "--json").stdout)["reasons"])
 
 
+def test_a_secret_setup_prints_is_masked_everywhere_it_is_kept(env: Env, cli) -> None:
+    secret = "s3cr3t-registry-value-42"
+    (env.repo / "pyproject.toml").write_text('[project]\nname = "app"\n')
+    git(env.repo, "add", "-A")
+    git(env.repo, "commit", "-q", "-m", "app")
+    env.write_config(workspace={"pass_env": ["REGISTRY_TOKEN"], "setup": [
+        [sys.executable, "-c", "import os; print('auth', os.environ['REGISTRY_TOKEN']); raise SystemExit(3)"]]})
+    env.queue(entry("anything"))
+    r = cli("fire", "--cycles", "1", extra_env={"REGISTRY_TOKEN": secret})
+    assert r.code == 78
+    kept = [(env.paths.evolve_dir / "workspace-setup.json").read_text(),
+            (env.paths.runs_dir / "workspace-setup.log").read_text(), r.stderr,
+            cli("status", "--json", extra_env={"REGISTRY_TOKEN": secret}).stdout]
+    assert "auth" in kept[1] and "exit 3" in kept[0]
+    assert all(secret not in k for k in kept)
+    assert_git_clean(env)
+
+
 def test_what_setup_leaves_is_kept_and_never_committed(env: Env, cli) -> None:
     """build/ (new, not ignored) is kept across the per-cycle reset; a stray file is removed; a tracked
     file setup rewrote is restored; the commits hold only the agent's paths."""
@@ -235,7 +253,10 @@ def test_setup_stops_with_the_fire_and_nothing_is_claimed(env: Env) -> None:
     assert env.calls() == [] and env.ledger() == []
     assert live(env.paths.nextwork)[0]["claim_status"] == "available"
     stamp = orjson.loads((env.paths.evolve_dir / "workspace-setup.json").read_bytes())
-    assert stamp["ok"] is False  # the next fire runs it again
+    assert stamp["ok"] is False and stamp["interrupted"] is True  # the next fire runs it again
+    snap = orjson.loads(subprocess.run([sys.executable, "-m", "evolve", "--repo", str(env.repo), "status", "--json"],
+                                       env=env.env(), capture_output=True, text=True).stdout)
+    assert not any("workspace setup failed" in x for x in snap["reasons"])  # stopped is not failed
     assert_git_clean(env)
 
 

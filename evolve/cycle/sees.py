@@ -477,11 +477,11 @@ class Sees:
 
 def record(path: Path, cfg: Config, key: str | None, v: probe.Verdict, shown: dict[str, Any]) -> None:
     """The answer, for the next fire (``key``: None when it must not be reused) and ``evolve status``."""
-    write_json(path, {
+    write_json(path, redact.current().json({  # messages quote commands and paths: masked like every sink
         "key": key, "config": probe.config_key(cfg.gate.commands, cfg.workspace), "at": utc_iso(),
         "problems": [p.as_json() for p in v.refusing], "notes": [p.as_json() for p in v.notes],
         "sees": {k: val for k, val in shown.items() if k not in ("problems", "notes")},
-    })
+    }))
 
 
 def cached(path: Path, key: str) -> dict[str, Any] | None:

@@ -511,11 +511,12 @@ class Preparer:
         }
         if not run.ok:
             rec["failed"] = {"command": run.command, "detail": run.detail, "output": excerpt(run.output)}
+            rec["interrupted"] = run.interrupted  # the fire was stopped: runs again, nothing to fix
             self.log.error("workspace.setup_failed", command=run.command, detail=run.detail, phase=phase,
                            interrupted=run.interrupted)
         else:
             self.log.info("workspace.setup_done", reason=due, kept=kept)
-        write_json(self.stamp_path, rec)
+        write_json(self.stamp_path, redact.current().json(rec))  # a command line may carry a token
         return run
 
     def _run(self, tree: Path, due: str) -> SetupRun:

@@ -449,7 +449,7 @@ def _workspace(paths: Paths, cfg: Any) -> list[str]:
     out = []
     stamp = read_json(paths.evolve_dir / probe.SETUP_FILE)
     if (isinstance(stamp, dict) and stamp.get("ok") is False and stamp.get("phase") == "before_claim"
-            and cfg.workspace.setup):
+            and not stamp.get("interrupted") and cfg.workspace.setup):
         failed = stamp.get("failed") if isinstance(stamp.get("failed"), dict) else {}
         tail = " ".join(str(failed.get("output") or "").split())[-200:]
         out.append(f"workspace setup failed (fires exit 78 before claiming work): {failed.get('command')!r} "
