@@ -96,6 +96,16 @@ def child_env(
     return out
 
 
+def with_path(env: dict[str, str], dirs: Iterable[str]) -> dict[str, str]:
+    """``env`` with ``dirs`` first on its PATH (``[workspace] path``: the worktree's venv before the
+    operator's), each once; ``env`` itself is returned when there is nothing to add."""
+    dirs = [d for d in dirs if d]
+    if not dirs:
+        return env
+    rest = [p for p in env.get("PATH", os.defpath).split(os.pathsep) if p not in dirs]
+    return {**env, "PATH": os.pathsep.join([*dirs, *rest])}
+
+
 def seal_own_environ() -> bool:
     """Make this process's ``/proc/<pid>/environ`` (and memory) unreadable to the user's other processes.
 

@@ -341,6 +341,28 @@ def _governor_check(argv: Sequence[str], where: str, *, command_line: bool = Fal
     )
 
 
+def bad_rel_path(path: str) -> str | None:
+    """Why ``path`` cannot name a place in the agent's worktree (``[workspace] link/copy/path/inputs``), or None.
+
+    Relative, no ``..``, nothing under ``.git``, no control characters: evolve creates links and copies
+    there and puts it first on PATH, so it must stay inside the worktree (docs/DESIGN.md §8.4).
+    """
+    if not path or path.strip() != path:
+        return "is empty or padded with spaces"
+    if any(ord(c) < 32 or c == "\x7f" for c in path):
+        return "holds a control character"
+    if path.startswith(("/", "~")):
+        return "is not relative to the worktree"
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if not parts:
+        return "names the worktree itself"
+    if ".." in parts:
+        return "leaves the worktree (..)"
+    if parts[0] == ".git":
+        return "is under .git"
+    return None
+
+
 def _validate_ranges(section: str, key: str, value: Any, where: str) -> None:
     if (section, key) == ("halt", "governor_cmd"):
         _governor_check(value, where)
@@ -351,6 +373,17 @@ def _validate_ranges(section: str, key: str, value: Any, where: str) -> None:
     if (section, key) == ("land", "remote") and (not value or value.startswith("-") or not value.isprintable()):
         raise ConfigError(f"{where}: land.remote must be a remote's name or URL (not empty, not starting with '-'), "
                           f"got {value!r}"[:300])
+    if section == "workspace" and key in ("link", "copy", "path", "inputs"):
+        for entry in value:
+            why = bad_rel_path(entry)
+            if why:
+                raise ConfigError(f"{where}: workspace.{key}: {entry!r} {why}"[:300])
+    if section == "workspace" and key == "setup":
+        for i, argv in enumerate(value):
+            why = shell_syntax(argv) if argv else "an empty command"
+            if why:
+                raise ConfigError(f"{where}: workspace.setup[{i}]: {why}, and evolve runs no shell; give a program "
+                                  'and its arguments, e.g. ["npm", "ci"]'[:300])
     if (section, key) in ENUMS and value not in ENUMS[(section, key)]:
         choices = "|".join(ENUMS[(section, key)])
         raise ConfigError(f"{where}: {section}.{key} must be one of {choices}, got {value!r}")

@@ -102,10 +102,12 @@ TEMPLATE = """\
 #                            # files (globs, at the worktree's top) whose change runs setup again
 # link = []                  # checkout paths linked into the worktree, e.g. ["node_modules"]
 # copy = []                  # checkout paths copied in, e.g. a gitignored ["local.conf"] the tests read
-# path = []                  # worktree dirs put first on PATH for setup, the gate and goal checks: [".venv/bin"]
-# setup_timeout_s = 1800
+# path = []                  # worktree dirs put first on PATH for setup, the gate, goal checks and the
+#                            # agent: [".venv/bin"]
+# setup_timeout_s = 1800     # all setup commands together; the process group is killed after it
 # pass_env = []              # extra env names for setup commands (a private registry's token)
 # probe = true               # before claiming work, check that the gate imports the worktree's code
+#                            # (exit 78 with the fix if not); `evolve doctor` shows what it sees
 
 [halt]
 # kill_ttl_days = 7          # hand-written KILL/STOP older than this are ignored (evolve stop/kill: no TTL)

@@ -4,9 +4,10 @@ Checks: the repository is git; the config is valid; the agent binary is found an
 for Claude Code, credentials exist and ``CLAUDECODE`` is unset); the work tracker; the state
 directory is writable and on a local filesystem (NFS and other network filesystems break the fire
 lock); halt markers; the repository's own program-valued git keys (approved or pinned) and whether the
-last fire could make its workspace; autocompact; the schedule (daemon, systemd timer or crontab), and
-whether the gate's programs resolve under a scheduled fire's PATH as in this shell. Exit 1 when any
-check FAILs, else 0. ``--trust-git-config`` approves the repository's git keys first.
+last fire could make its workspace; what the gate will see (its interpreter imports the worktree's
+code; setup, links, copies); autocompact; the schedule (daemon, systemd timer or crontab), and whether
+the gate's programs resolve under a scheduled fire's PATH as in this shell. Exit 1 when any check
+FAILs, else 0. ``--trust-git-config`` approves the repository's git keys first.
 """
 
 from __future__ import annotations
@@ -298,6 +299,64 @@ def check_tracker(cfg: Any, repo: Path, env: Mapping[str, str]) -> Finding:
         return Finding("tracker", FAIL, f"`{' '.join(argv)}` failed: {first or 'exit ' + str(code)}",
                        "run it by hand in the repo and fix what it says (e.g. `bd init`)")
     return Finding("tracker", OK, f"{tool}")
+
+
+def check_workspace(paths: Any, cfg: Any, env: Mapping[str, str]) -> list[Finding]:
+    """What the gate will see (docs/DESIGN.md §8.4): whether it tests the worktree's code, the worktree's
+    setup, links and copies; each problem with the exact ``[workspace]`` fix. Read-only."""
+    from evolve.cycle import setup as ws_setup
+    from evolve.cycle import workspace
+    from evolve.git.run import GitError, GitPolicy
+
+    if not cfg.gate.commands and not (cfg.workspace.setup or cfg.workspace.link or cfg.workspace.copy):
+        return [Finding("gate sees", OK, "no gate commands ([gate] commands = [])")]
+    try:
+        ws = workspace.open_workspace(paths.repo, paths, cfg.git, GitPolicy(), _NullLog())
+        shown, verdict = ws_setup.Preparer(paths, cfg, env, _NullLog()).describe(ws)
+    except (GitError, OSError) as exc:
+        return [Finding("gate sees", WARN, f"cannot look at the worktree: {exc}"[:300], "run `evolve fire --dry-run`")]
+    out: list[Finding] = []
+    setup_state = str(shown["setup"].get("state"))
+    last = shown["setup"].get("last") or {}
+    if last.get("ok") is False:
+        failed = last.get("failed") or {}
+        out.append(Finding("setup", FAIL, f"the last setup failed: {failed.get('command')!r} {failed.get('detail')}",
+                           "fix it (output in .agents/evolve/runs/workspace-setup.log); the next fire runs it again"))
+    elif setup_state != "none configured":
+        out.append(Finding("setup", OK, setup_state))
+    for link in shown["links"]:
+        level = OK if link["state"] in ("linked", "not yet") else WARN
+        out.append(Finding("link", level, f"{link['path']} -> {link['target']}: {link['state']}",
+                           "the next fire makes the link again"))
+    if verdict is None:
+        out.append(Finding("gate sees", WARN, str(shown["gate_sees"]["state"]), "run `evolve fire` (or --dry-run)"))
+        return out
+    sees = shown["gate_sees"]
+    for row in sees.get("commands") or []:
+        imports = row.get("imports") or {}
+        where = ", ".join(f"{n} from the {s.get('place')}" for n, s in imports.items()) or "no project names probed"
+        interp = f" ({row['interpreter']})" if row.get("interpreter") else ""
+        out.append(Finding("gate sees", OK, f"{row['command']}{interp}: {where}"))
+    refusing = verdict.refusing
+    for p in refusing:
+        out.append(Finding("gate sees", FAIL if cfg.workspace.probe else WARN, p.message,
+                           p.fix + ("" if cfg.workspace.probe else " ([workspace] probe = false: fires go on)")))
+    for p in verdict.notes:
+        out.append(Finding("gate sees", WARN, p.message, p.fix))
+    if not refusing and any(r.get("imports") for r in sees.get("commands") or []):
+        out.append(Finding("gate sees", OK, f"the gate tests the worktree's code (PATH starts {_first_path(sees)})"))
+    return out
+
+
+def _first_path(sees: Mapping[str, Any]) -> str:
+    return str(sees.get("PATH") or "").split(os.pathsep)[0][:200]
+
+
+class _NullLog:
+    """doctor logs nothing: what it finds is its output."""
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *a, **k: None
 
 
 def check_markers(snap: StatusSnapshot | None) -> list[Finding]:
@@ -647,6 +706,7 @@ def diagnose(repo: Path, env: Mapping[str, str]) -> list[Finding]:
     if claude:
         findings.append(check_claudecode(env))
     findings.append(check_tracker(cfg, repo, env))
+    findings += check_workspace(paths, cfg, env)
     findings += check_state_dir(paths.evolve_dir)
     if cfg.metrics.textfile_dir:
         from evolve.metrics import textfile_dir

@@ -171,6 +171,8 @@ EXEMPT = {
     "git/trust.py:write": "git config values as the repository's .git/config holds them, matched byte for byte",
     "git/approve.py:approve": "the approved keys, through trust.write",
     "git/filters.py:_declared": "copies of .gitattributes into a private scratch repository, gone at once",
+    "cycle/setup.py:tree_id": "a random id", "cycle/setup.py:add_excludes": "info/exclude lines: paths git listed",
+    "cycle/setup.py:_copy_into": "the operator's file copied byte for byte into the worktree, as asked (no log)",
 }
 # The sinks issue 13 names: each of these functions must itself call the redaction module.
 SINKS = [
@@ -187,6 +189,8 @@ SINKS = [
     ("commands/doctor.py", "run"), ("agent/http.py", "_redact"), ("agent/http.py", "_save"),
     # Issue 16: a red gate command's output tail, kept in the run log and the ledger entry.
     ("cycle/gate.py", "_keep_output"), ("cycle/gate.py", "run_commands"),
+    # Issue 22: the workspace setup's stamp (a failed command and its output tail) and the gate probe's record.
+    ("cycle/setup.py", "run_if_due"), ("cycle/setup.py", "_run"), ("cycle/sees.py", "record"),
 ]
 
 

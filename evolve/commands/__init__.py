@@ -72,7 +72,7 @@ COMMANDS: dict[str, CommandInfo] = {
     ),
     "doctor": CommandInfo(
         "evolve.commands.doctor",
-        "preflight: agent, CLAUDECODE, tracker, git, state dir, config, autocompact, schedule",
+        "preflight: agent, CLAUDECODE, tracker, what the gate sees, git, state dir, config, autocompact, schedule",
     ),
 }
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import threading
 import time
@@ -28,9 +29,11 @@ from evolve.agent import session as sessions
 from evolve.agent.invocation import Invocation
 from evolve.agent.report import AgentReport, redacted
 from evolve.agent.runners import RESUMING_CLIS, Runner, make_runner
-from evolve.childenv import seal_own_environ
+from evolve.childenv import seal_own_environ, with_path
 from evolve.config import Config
 from evolve.cycle import budget, door, dryrun, halt, recovery, retention, scout, side, transition, watch, workspace
+from evolve.cycle import sees as ws_sees
+from evolve.cycle import setup as ws_setup
 from evolve.cycle import step1 as step1_shell
 from evolve.cycle.context import FireContext, Observer
 from evolve.cycle.entry import agent_fields, base_entry, last_attempt_note
@@ -113,6 +116,9 @@ class Fire:
         self.mode = opts.mode or cfg.fire.mode
         self.selector = Selector(paths, cfg, self.env, self.log, write=not opts.dry_run, sources=sources, clock=clock)
         self.gate = Gate(paths, cfg, self.log, self.env)
+        # What the gate will see (§8.4): the worktree's setup, links and copies, and the gate probe.
+        self.prep = ws_setup.Preparer(paths, cfg, self.env, self.log, self.stop)
+        self.gate.before = self.prep.before_gate
         # Where the agent works: the operator's checkout until _locked opens the configured one (§8.3).
         self.ws: workspace.Workspace = workspace.InPlace(paths.repo, self.gate.git_policy, self.log)
         self.ctx = FireContext(
@@ -312,6 +318,19 @@ class Fire:
             self.ctx.emit("preflight.failed", errors=[p.message for p in problems], fix=problems[0].fix)
         return not problems
 
+    def _refused(self, r: ws_setup.Refusal | None, outcome: FireOutcome) -> bool:
+        """The worktree is not ready for a claim (§8.4): exit 78 with the cause and the fix, before any claim."""
+        if r is None:
+            return False
+        if r.check == "interrupted":
+            outcome.reason, outcome.exit_code = "interrupted", exitcodes.SIGTERM
+            return True
+        self.log.error("preflight.failed", check=r.check, error=r.error, fix=r.fix,
+                       **({"output": r.output[-2000:]} if r.output else {}))
+        self.ctx.emit("preflight.failed", check=r.check, errors=[r.error], fix=r.fix)
+        outcome.reason, outcome.exit_code = f"preflight:{r.check}", exitcodes.CONFIG
+        return True
+
     def _ended(self, outcome: FireOutcome) -> FireOutcome:
         fields = dict(reason=outcome.reason, cycles=outcome.cycles, exit_code=outcome.exit_code)
         self.log.info("fire.end", **fields, cost_usd=round(outcome.cost_usd, 6))
@@ -391,6 +410,8 @@ class Fire:
                     outcome.exit_code = exitcodes.SIGTERM
                 if reason.startswith("halt:"):
                     outcome.halt = self.halted
+                return
+            if self._refused(self.prep.ready(self.ws, self.ledger.last_cycle() + 1), outcome):
                 return
             sel = self.selector.select(self.state, restorative=restorative)
             for item, flips in sel.quarantine:
@@ -619,7 +640,17 @@ class Fire:
         return plan, inv
 
     def _runner(self) -> Runner:
-        return make_runner(self.cfg, self.env, self.paths)
+        """The agent runs tests too, so it gets ``[workspace] path`` first on its PATH, as the gate does (§8.4);
+        its own program is looked up on the fire's PATH first, so nothing in the worktree can stand in for it."""
+        cfg, env = self.cfg, self.env
+        dirs = ws_sees.path_dirs(self.ws.tree, cfg.workspace.path)
+        if dirs:
+            argv = cfg.agent.argv
+            found = shutil.which(argv[0], path=env.get("PATH")) if argv and "/" not in argv[0] else None
+            if found:
+                cfg = replace(cfg, agent=replace(cfg.agent, argv=[found, *argv[1:]]))
+            env = with_path(dict(env), dirs)
+        return make_runner(cfg, env, self.paths)
 
     def _finish(
         self,
@@ -820,7 +851,13 @@ class Fire:
                 tree = workspace.tree_path(self.paths.repo, self.paths.evolve_dir, self.cfg.git) if (
                     self.cfg.git.isolation == "worktree") else self.paths.repo
                 plan["agent"] = dryrun.agent_json(agent_plan, replace(inv, repo=tree), self._runner())
-        self.log.info("fire.dry_run", **{k: v for k, v in plan.items() if k != "agent"})
+        # What the gate would see (§8.4): setup's state, links, copies, and where the gate imports from.
+        try:
+            ws = workspace.open_workspace(self.paths.repo, self.paths, self.cfg.git, self.gate.git_policy, self.log)
+            plan["gate_sees"] = self.prep.describe(ws)[0]
+        except gitrun.GitError as exc:  # detached, unborn: nothing to land on, nothing the gate would see
+            plan["gate_sees"] = {"error": str(exc)[:300]}
+        self.log.info("fire.dry_run", **{k: v for k, v in plan.items() if k not in ("agent", "gate_sees")})
         out = FireOutcome(exitcodes.OK, "dry-run", halt=d.halt)
         out.entries.append(plan)
         return out

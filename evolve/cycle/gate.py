@@ -11,14 +11,15 @@ import re
 import shlex
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from evolve import crashpoint, redact
 from evolve.agent.report import AgentReport
-from evolve.childenv import BASE, FIRE, child_env
-from evolve.config import Config
+from evolve.childenv import BASE, FIRE, child_env, with_path
+from evolve.config import Config, bad_rel_path
 from evolve.cycle.pending import Held
 from evolve.cycle.publish import Publisher
 from evolve.cycle.workspace import InPlace, Isolated, Land, Start, Workspace
@@ -129,10 +130,15 @@ class Gate:
         self.git_policy = gitrun.GitPolicy(run_hooks=cfg.git.run_hooks, sign=cfg.git.sign, timeout_s=cfg.git.timeout_s)
         self.publisher: Publisher | None = Publisher(paths.repo, paths.push_state, cfg.land.remote, cfg.git.push,
                                                      self.git_policy, log)
+        # Run before the commands, where they run: the worktree's setup when an input changed (a Red if it fails).
+        self.before: Callable[[Path], Red | None] | None = None
 
-    def command_env(self) -> dict[str, str]:
-        """A gate command runs the repo's code: locale, PATH, the fire's id and ``[gate] pass_env``, no secret."""
-        return child_env(self.env, (*BASE, *FIRE), self.cfg.gate.pass_env)
+    def command_env(self, tree: Path | None = None) -> dict[str, str]:
+        """A gate command runs the repo's code: locale, PATH, the fire's id and ``[gate] pass_env``, no secret;
+        ``[workspace] path`` (directories of ``tree``, where the commands run) first on PATH (§8.4)."""
+        where = self.paths.repo if tree is None else tree
+        dirs = [str(where / p) for p in self.cfg.workspace.path if bad_rel_path(p) is None]
+        return with_path(child_env(self.env, (*BASE, *FIRE), self.cfg.gate.pass_env), dirs)
 
     def undo(self, ws: Workspace, start: Start) -> None:
         try:
@@ -348,8 +354,12 @@ class Gate:
         ``cwd``: where the commands run (the repository unless said otherwise). ``stop`` stops the
         running command's process group (a KILL or signal); the caller sees it set and lands nothing.
         """
-        env = self.command_env()
         where = self.paths.repo if cwd is None else cwd
+        env = self.command_env(where)
+        if self.before is not None:  # [workspace] setup again when the change touched an input (§8.4)
+            red = self.before(where)
+            if red is not None:
+                return red
         for argv in self.cfg.gate.commands:
             label = command_label(argv)
             with tempfile.TemporaryDirectory(prefix="evolve-gate-") as tmp:

@@ -60,6 +60,7 @@ class Selector:
             env=env,
             write=write,
             pass_env=cfg.gate.pass_env,
+            path=cfg.workspace.path,
             warn=lambda w: log.warning("goals.row_warning", detail=w[:300]),
         )
         self.sources: list[WorkSource] = sources or [self.harvested, self.beads, self.goals]

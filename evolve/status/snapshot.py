@@ -11,8 +11,10 @@ Health, and the exit code of ``evolve status``:
 - **degraded** (1): the failure breaker is open (`evolve breaker reset` closes it), the last cycle
   failed or crashed (a failed commit adds "commit failed: <why>; <remedy>"), a fire died without
   being reconciled yet, the config is invalid or the runner preflight fails (the next fire would
-  exit 78), the metronome blocks every fire until RESCOPE is written, or green work that did not land
-  waits under ``refs/evolve/unlanded/`` and no later cycle finalized its item (docs/DESIGN.md §8.3:
+  exit 78), the last fire found the worktree not ready (its setup failed, or the gate would test the
+  checkout's code: exit 78 too, §8.4), the metronome blocks every fire until RESCOPE is written, or
+  green work that did not land waits under ``refs/evolve/unlanded/`` and no later cycle finalized its
+  item (docs/DESIGN.md §8.3:
   ``evolve setaside apply|drop``; stranded, interrupted and uncommitted refs are warnings, their items
   are retried), or the last fire could not make its workspace (the cause and the fix, from
   ``workspace-health.json``; docs/DESIGN.md §8.3);
@@ -446,6 +448,29 @@ def _preflight(cfg: Any, env: Mapping[str, str]) -> list[str]:
             for p in problems]
 
 
+def _workspace(paths: Paths, cfg: Any) -> list[str]:
+    """What the last fire found wrong with the worktree (docs/DESIGN.md §8.4), while the config it
+    was found with still holds: a failed setup, or a gate that would test your checkout's code."""
+    from evolve.cycle import probe
+
+    out = []
+    stamp = read_json(paths.evolve_dir / probe.SETUP_FILE)
+    if (isinstance(stamp, dict) and stamp.get("ok") is False and stamp.get("phase") == "before_claim"
+            and not stamp.get("interrupted") and cfg.workspace.setup):
+        failed = stamp.get("failed") if isinstance(stamp.get("failed"), dict) else {}
+        tail = " ".join(str(failed.get("output") or "").split())[-200:]
+        out.append(f"workspace setup failed (fires exit 78 before claiming work): {failed.get('command')!r} "
+                   f"{failed.get('detail')}{': ' + tail if tail else ''}; fix it (output in "
+                   "runs/workspace-setup.log), the next fire runs it again")
+    rec = read_json(paths.evolve_dir / probe.PROBE_FILE)
+    if (isinstance(rec, dict) and cfg.workspace.probe and rec.get("problems")
+            and rec.get("config") == probe.config_key(cfg.gate.commands, cfg.workspace)):
+        first = rec["problems"][0] if isinstance(rec["problems"][0], dict) else {}
+        out.append(f"the gate would not test the worktree's code (fires exit 78 before claiming work): "
+                   f"{first.get('message')}; fix: {first.get('fix')}")
+    return out
+
+
 def _commit_failed(last: dict[str, Any]) -> str:
     """The reason and the way out: the work is not lost, git needs a hand (issue 15)."""
     why = " ".join(str(last.get("error") or "unknown").split())[:200]
@@ -612,6 +637,8 @@ def read_snapshot(
     ws_health = read_json(paths.workspace_health)
     ws_degraded, ws_warnings = workspace_lines(ws_health, read_json(paths.git_trust))
     degraded += ws_degraded
+    if config_error is None:
+        degraded += _workspace(paths, cfg)
     health = state_of(halt, degraded)
     return StatusSnapshot(
         repo=str(paths.repo),

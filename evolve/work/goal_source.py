@@ -44,6 +44,7 @@ class GoalsSource:
         env: Mapping[str, str],
         write: bool = True,
         pass_env: Sequence[str] = (),
+        path: Sequence[str] = (),
         warn: Callable[[str], None] | None = None,
     ) -> None:
         self.repo = repo
@@ -52,6 +53,7 @@ class GoalsSource:
         self.total_timeout_s = total_timeout_s
         self.env = dict(env)
         self.pass_env = tuple(pass_env)  # [gate] pass_env: checks get what gate commands get
+        self.path = tuple(path)  # [workspace] path: directories of the tree first on the checks' PATH
         self.write = write
         self.measured: dict[str, Any] | None = None
         self.warn = warn  # told each row GOALS.md skipped or repaired, once per GOALS era
@@ -74,7 +76,7 @@ class GoalsSource:
         try:
             snap = measure(
                 self.repo, gf, goal_timeout_s=self.goal_timeout_s, total_timeout_s=self.total_timeout_s, env=self.env,
-                pass_env=self.pass_env,
+                pass_env=self.pass_env, path=self.path,
             )
         except MeasureError as exc:
             raise SourceError(f"goal measurement failed: {exc}") from exc
@@ -105,7 +107,7 @@ class GoalsSource:
         try:
             snap = measure(
                 self.repo, gf, goal_timeout_s=self.goal_timeout_s, total_timeout_s=self.total_timeout_s, env=self.env,
-                pass_env=self.pass_env,
+                pass_env=self.pass_env, path=self.path,
             )
         except MeasureError:
             return None

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from evolve.childenv import BASE, FIRE, child_env
+from evolve.childenv import BASE, FIRE, child_env, with_path
 from evolve.git import refs as gitrefs
 from evolve.procgroup import capped
 from evolve.timeutil import utc_iso
@@ -32,16 +32,18 @@ def measure(
     parallel: int = 2,
     now: float | None = None,
     pass_env: Iterable[str] = (),
+    path: Iterable[str] = (),
 ) -> dict[str, Any]:
     """Run every check (meta goals first, one at a time; then the rest, ``parallel`` at once) into a snapshot.
 
     Raises MeasureError when the total timeout passes before every goal finished: a partial snapshot
-    would read as a regression, so the caller keeps the last good one instead.
+    would read as a regression, so the caller keeps the last good one instead. ``path``: directories of
+    ``repo`` put first on the checks' PATH (``[workspace] path``, as for the gate commands).
     """
     # Within the fire's remaining budget too: checks that outlast max_minutes hold the whole fire.
     deadline = time.monotonic() + (capped(total_timeout_s) or total_timeout_s)
     stop = threading.Event()
-    check_env = sanitized_env(env, pass_env)
+    check_env = sanitized_env(env, pass_env, path=[str(repo / p) for p in path])
     results: list[CheckRun | None] = [None] * len(gf.goals)
 
     def run(i: int) -> CheckRun | None:
@@ -81,9 +83,11 @@ def measure(
     }
 
 
-def sanitized_env(env: Mapping[str, str] | None = None, pass_env: Iterable[str] = ()) -> dict[str, str]:
-    """Locale, identity, PATH, the fire's id and ``[gate] pass_env``: never API keys or EVOLVE_* settings."""
-    return child_env(env, SAFE_ENV_KEYS, pass_env)
+def sanitized_env(env: Mapping[str, str] | None = None, pass_env: Iterable[str] = (),
+                  path: Iterable[str] = ()) -> dict[str, str]:
+    """Locale, identity, PATH (``path`` first), the fire's id and ``[gate] pass_env``: never API keys or
+    EVOLVE_* settings."""
+    return with_path(child_env(env, SAFE_ENV_KEYS, pass_env), path)
 
 
 def _git_sha(repo: Path) -> str | None:
