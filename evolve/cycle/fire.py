@@ -31,7 +31,20 @@ from evolve.agent.report import AgentReport, redacted
 from evolve.agent.runners import RESUMING_CLIS, Runner, make_runner
 from evolve.childenv import seal_own_environ, with_path
 from evolve.config import Config
-from evolve.cycle import budget, door, dryrun, halt, recovery, retention, scout, side, transition, watch, workspace
+from evolve.cycle import (
+    budget,
+    door,
+    dryrun,
+    halt,
+    recovery,
+    retention,
+    scout,
+    settle,
+    side,
+    transition,
+    watch,
+    workspace,
+)
 from evolve.cycle import sees as ws_sees
 from evolve.cycle import setup as ws_setup
 from evolve.cycle import step1 as step1_shell
@@ -51,7 +64,7 @@ from evolve.harness import hooks as harness_hooks
 from evolve.harness import plan as plans
 from evolve.paths import Paths
 from evolve.procgroup import FIRE_TAG, stop_signals
-from evolve.results import LAND_FAILED, LAND_MODE, SUCCESS, CycleResult, is_landing
+from evolve.results import CycleResult
 from evolve.store import session_state
 from evolve.store.atomic import atomic_write_bytes
 from evolve.store.dirfd import ensure_dir
@@ -268,46 +281,8 @@ class Fire:
         return True
 
     def _settle_waiting(self) -> None:
-        """Cycles whose work waited in a chain and is now settled: each gets the ledger entry that says so
-        (``improved`` with the landed sha, or ``failed`` when it never could land), and its item's claim
-        is finalized or released. Safe to repeat: an entry already written is not written again."""
-        settled, self.ws.settled = list(self.ws.settled), []
-        if not settled:
-            self.ws.done()
-            return
-        seen = {e.get("pending_cycle") for e in self.ledger.tail(2000).entries if is_landing(e)}
-        stamp = utc_iso(self.clock())
-        for s in settled:
-            h = s.held
-            item = WorkItem(source=h.source, ref=h.work_ref, title=h.title)
-            if h.cycle not in seen:
-                gated = CycleResult(h.result) if h.result in SUCCESS else CycleResult.IMPROVED
-                result = gated if s.landed else CycleResult.FAILED
-                entry = self.ctx.entry(self.ledger.last_cycle() + 1, result, item, h.source, LAND_MODE, stamp)
-                entry.update(pending_cycle=h.cycle, landed=s.landed, cycle_start_sha=h.start or None)
-                if s.landed:
-                    entry["sha"] = s.sha
-                else:
-                    entry.update(error_class=LAND_FAILED, error=s.detail[:300], unlanded_ref=s.ref)
-                self.ledger.append(entry)
-                self.ctx.emit("cycle.end", entry=entry)
-                self.log.info("land.settled", pending_cycle=h.cycle, landed=s.landed, sha=s.sha, ref=h.work_ref)
-            src = self.ctx.source(h.source)
-            try:
-                if src is not None and s.landed:
-                    src.finalize(item, h.claimed_by, stamp)
-                elif src is not None:
-                    src.release(item, h.claimed_by or None, stamp, CycleResult.PENDING)
-            except SourceError as exc:
-                self.log.warning("claim.error", ref=h.work_ref, error=str(exc)[:300])
-        for branch in sorted({s.branch for s in settled if s.branch}):
-            self.ws.forget(branch)
-            last = next((s.sha for s in reversed(settled) if s.branch == branch and s.landed and s.sha), None)
-            if last and self.gate.publisher is not None:
-                self.gate.publisher.landed(branch, last)
-        self.state.last_logged_cycle = self.ledger.last_cycle()
-        self.ctx.save()
-        self.ws.done()
+        """Waiting cycles a landing settled: their ledger entries and claims (:func:`settle.waiting`)."""
+        settle.waiting(self.ctx, self.ws, self.gate.publisher)
 
     def _preflight(self) -> bool:
         """The runner preflight (what `doctor` checks cheaply) before any claim: a config error is not the item's."""
