@@ -317,7 +317,7 @@ def test_an_operator_editing_and_committing_during_cycles_loses_nothing(env: Env
 
 # Each action and the ways it can go (the seeded run picks one at random; CI runs each once).
 OPERATOR_ACTIONS = {"drop": ("tip", "two"), "amend": ("tip",), "switch": ("stay", "back"), "detach": ("back",),
-                    "rebase": ("abort", "continue"), "edit": ("drop", "commit", "chain")}
+                    "rebase": ("abort", "continue"), "edit": ("drop", "commit", "chain", "switch")}
 SHARED = "src/shared.txt"  # a path the operator edits and the agent changes too (the "edit" action)
 ITEM_KINDS = ("bug", "feature", "tech-debt", "improvement", "pattern-fix", "task")  # the metronome wants a mix
 
@@ -572,9 +572,11 @@ class Operator:
 
     def edit(self, how: str) -> None:
         """An uncommitted edit of a path the agent changes too, made while the cycle runs: the landing
-        waits (pending, the claim kept; ``chain``: another cycle chains onto it, and the operator then
-        drops their edit); then the operator drops their edit (the work lands) or commits it (the work no
-        longer replays onto their commit: released, kept unlanded)."""
+        waits (pending, the claim kept; ``chain``: another cycle chains onto it); then the operator drops
+        their edit (the work lands), or commits it (the work no longer replays onto their commit:
+        released, kept unlanded), or (``switch``) drops it and switches to the other branch: the next fire
+        lands the waiting work on the branch it waited for (by compare-and-swap), its own on theirs."""
+        branch = self.branch()
 
         def during() -> None:
             with open(self.repo / SHARED, "a") as fh:
@@ -582,25 +584,37 @@ class Operator:
 
         _, entries, _ = self.fire(during, shared=True)
         assert [e["result"] for e in entries] == ["pending"] and SHARED in entries[0]["pending_reason"], entries
-        waiting = 1
+        waiting = [entries[0]["cycle"]]
         if how == "chain":
             _, more, _ = self.fire()
             assert [e["result"] for e in more] == ["pending"], more  # chained onto the waiting work
-            waiting += 1
-        if how != "commit":
+            waiting.append(more[0]["cycle"])
+        if how == "commit":
+            self.ok("commit", "-q", "-m", "operator: my line", "--", SHARED)
+            self.gitw.operator_moved(branch)
+            outcome = "failed"
+            self.stats["edit: committed by the operator, work released"] += 1
+        else:
             self.ok("checkout", "-q", "--", SHARED)
             outcome = "improved"
             self.stats["edit: dropped by the operator, work landed"] += 1
-        else:
-            self.ok("commit", "-q", "-m", "operator: my line", "--", SHARED)
-            self.gitw.operator_moved(self.branch())
-            outcome = "failed"
-            self.stats["edit: committed by the operator, work released"] += 1
+        if how == "switch":
+            other = "feature" if branch != "refs/heads/feature" else "main"
+            if self.run("rev-parse", "-q", "--verify", other).returncode != 0:
+                self.ok("branch", other)
+                self.gitw.operator_moved(f"refs/heads/{other}")
+            self.ok("checkout", "-q", other)
         self.gitw.operator_left()
         _, entries, _ = self.fire()
         settled = [e for e in entries if e.get("pending_cycle")]
-        assert [e["result"] for e in settled] == [outcome] * waiting, entries
+        assert [(e["pending_cycle"], e["result"]) for e in settled] == [(c, outcome) for c in waiting], entries
         assert not held_cycles(self.env)
+        if how == "switch":  # the waiting work on the branch it waited for, this fire's cycle on the other
+            assert all(self.gitw.landed_on[e["cycle"]] == branch for e in settled), self.gitw.landed_on
+            assert self.tip(branch) == settled[-1]["sha"]
+            own = [e for e in entries if not e.get("pending_cycle")]
+            assert [e["result"] for e in own] == ["improved"] and self.tip() == own[0]["sha"], own
+            self.stats["edit: the waiting work landed on the branch left"] += 1
 
     # -- a run ----------------------------------------------------------------------------------------------
 
@@ -672,11 +686,14 @@ def test_the_operator_s_git_during_a_cycle(env: Env, action: str, how: str) -> N
     assert stats["improved commits checked"] > 0 and stats["branch moves checked"] > 0, stats
 
 
+ROUNDS_EACH = 10
+
+
 @pytest.mark.slow
 def test_operator_nemesis(env: Env) -> None:
     """A seeded run of operator moves during cycles: every action several times, in a random order."""
     rng = random.Random(22)
-    actions = [a for a in OPERATOR_ACTIONS for _ in range(6)]  # each way of each picked by the seed
+    actions = [a for a in OPERATOR_ACTIONS for _ in range(ROUNDS_EACH)]  # each way of each picked by the seed
     rng.shuffle(actions)
     op = Operator(env, seed=22)
     for action in actions:
@@ -685,4 +702,4 @@ def test_operator_nemesis(env: Env) -> None:
     print("\noperator nemesis")
     for key in sorted(stats):
         print(f"  {key:<52} {stats[key]:>6}")
-    assert all(stats[f"action {a}"] == 6 for a in OPERATOR_ACTIONS)
+    assert all(stats[f"action {a}"] == ROUNDS_EACH for a in OPERATOR_ACTIONS)
