@@ -212,6 +212,7 @@ class GitWatch:
                 self._improved(e, on)
             elif e.get("result") == "pending":
                 self._pending(e)
+        self._waiting()
         self._nothing_removed_comes_back(on)
         for path, data in self.operator.items():
             assert (repo / path).is_file() and (repo / path).read_bytes() == data, f"the operator's {path} was changed"
@@ -282,6 +283,21 @@ class GitWatch:
         assert isinstance(sha, str) and git_run(self.env.repo, "cat-file", "-e", f"{sha}^{{commit}}").returncode == 0, (
             f"cycle {c} is pending but its commit {sha} does not exist")
         self.pending_seen.add(c)
+
+    def _waiting(self) -> None:
+        """Work that waits is kept: ``refs/evolve/pending/<branch>`` is the chain's tip, and each held
+        cycle's commit is on the chain."""
+        repo = self.env.repo
+        for chain in pending.load(self.env.paths.pending).values():
+            if chain.fate:
+                continue
+            ref = "refs/evolve/pending/" + chain.branch.removeprefix("refs/heads/")
+            assert git_out(repo, "rev-parse", "--verify", "-q", ref) == chain.new, (
+                f"{ref} does not hold the waiting chain's tip {chain.new[:12]}")
+            for h in chain.held:
+                assert is_ancestor(repo, chain.base, h.sha) and is_ancestor(repo, h.sha, chain.new), (
+                    f"cycle {h.cycle}'s waiting commit {h.sha[:12]} is off its chain "
+                    f"{chain.base[:12]}..{chain.new[:12]}")
 
     def _nothing_removed_comes_back(self, on: dict[str, set[str]]) -> None:
         # Per branch: a commit the operator removed from one branch may stay on another they kept it on.

@@ -316,7 +316,7 @@ def test_an_operator_editing_and_committing_during_cycles_loses_nothing(env: Env
 # -- the operator's git during cycles (issue 22) ----------------------------------------------------
 
 # Each action and the ways it can go (the seeded run picks one at random; CI runs each once).
-OPERATOR_ACTIONS = {"drop": ("tip", "two"), "amend": ("tip",), "switch": ("stay", "back"), "detach": ("back",),
+OPERATOR_ACTIONS = {"drop": ("tip", "two"), "amend": ("tip", "evolve"), "switch": ("stay", "back"), "detach": ("back",),
                     "rebase": ("abort", "continue"), "edit": ("drop", "commit", "chain", "switch")}
 SHARED = "src/shared.txt"  # a path the operator edits and the agent changes too (the "edit" action)
 ITEM_KINDS = ("bug", "feature", "tech-debt", "improvement", "pattern-fix", "task")  # the metronome wants a mix
@@ -482,21 +482,32 @@ class Operator:
         assert self.tip(branch) == entries[0]["sha"] and self.tip(f"{branch}~1") == dropped_to[0]
 
     def amend(self, how: str) -> None:
-        """A commit with a password, amended while the cycle runs (the password gone for good)."""
-        secret = self.secret("amend")
-        path = f"ops/conf-{self.round}.txt"
-        self.commit(path, f"password={secret}\n", "operator: conf")
+        """A commit with a password, amended while the cycle runs (the password gone for good); ``evolve``:
+        the operator amends evolve's last landing instead (a line of theirs into its file): the ledger's
+        sha for it is then off the branch by their hand, and the cycle running meanwhile replays onto it."""
         branch = self.branch()
+        secret = self.secret("amend")
+        if how == "evolve":
+            _, landed, _ = self.fire()
+            assert [e["result"] for e in landed] == ["improved"] and self.tip() == landed[0]["sha"], landed
+            path = f"src/fire-{self.fires}.txt"
+            content = (self.repo / path).read_text() + "the operator's amendment\n"
+        else:
+            path = f"ops/conf-{self.round}.txt"
+            self.commit(path, f"password={secret}\n", "operator: conf")
+            content = "password=<from the vault>\n"
 
         def during() -> None:
-            (self.repo / path).write_text("password=<from the vault>\n")
+            (self.repo / path).write_text(content)
             self.ok("add", "--", path)
-            self.ok("commit", "-q", "--amend", "-m", "operator: conf (no password)")
-            self.gitw.operator_moved(branch, secrets=(secret,))
+            message = ["--no-edit"] if how == "evolve" else ["-m", "operator: conf (no password)"]
+            self.ok("commit", "-q", "--amend", *message)
+            gone = self.gitw.operator_moved(branch, secrets=() if how == "evolve" else (secret,))
+            assert len(gone) == 1, gone
 
         _, entries, _ = self.fire(during)
         assert [e["result"] for e in entries] == ["improved"], entries
-        assert self.ok("show", f"{branch}:{path}") == "password=<from the vault>"
+        assert self.ok("show", f"{branch}:{path}") + "\n" == content
 
     def switch(self, how: str) -> None:
         """The operator switches to the other branch while the cycle runs and commits there; the cycle
