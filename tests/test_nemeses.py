@@ -146,6 +146,30 @@ def test_an_io_error_fails_the_fire_loudly_or_not_at_all(env: Env, shim: Path, o
     _io_fault(env, shim, ops, match, after, err)
 
 
+def test_a_write_failing_as_the_agent_starts_leaves_no_agent_running(tmp_path: Path) -> None:
+    """Recording the agent's group (``on_start``: session-state, on a full disk) fails once the agent runs:
+    its whole group is killed before the error goes on, so no agent works on unsupervised while its cycle
+    is recorded failed and its tree reset. (The sweep's ``write,pwrite-session-state.json-5`` case once
+    found that late agent's ``git add`` in evolve's worktree after recovery.)"""
+    from evolve.procgroup import Limits, group_alive, run_group
+
+    started, pgids = tmp_path / "started", []
+    child = ("import pathlib, subprocess, sys, time;"
+             " subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']);"
+             f" pathlib.Path({str(started)!r}).touch(); time.sleep(120)")
+
+    def on_start(pgid: int) -> None:
+        pgids.append(pgid)
+        _wait(started.exists, "the agent and its child")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError):
+        run_group([sys.executable, "-c", child], cwd=tmp_path, env=dict(os.environ), limits=Limits(timeout_s=300),
+                  on_start=on_start)
+    assert not Path(f"/proc/{pgids[0]}").exists(), "the agent outlived the failed start"
+    _wait(lambda: not group_alive(pgids[0]), "the agent's child to die with its group")
+
+
 # The ledger is appended to (one line per cycle: three calls of each kind in a three-cycle fire), never
 # renamed; the other stores are written, synced and renamed several times a cycle.
 SWEEP = [
