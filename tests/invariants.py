@@ -114,7 +114,7 @@ class GitWatch:
         self.leftovers = 0  # in-place mode: checks that found agent edits left in the checkout
         self.removed: dict[str, set[str]] = {}  # branch -> commits the operator removed from it
         self.secrets: set[str] = set()  # content the operator removed: never on a branch again
-        self.landed_on: dict[int, str] = {}  # improved cycle -> the branch it landed on
+        self.landed_on: dict[int, str] = {}  # cycle -> the branch its fire landed (or would land) it on
         self.exempt: set[int] = set()  # improved cycles whose commit the operator later removed
         self.pending_seen: set[int] = set()
         self.moves = 0  # branch moves by evolve seen (each forward, on its own branch)
