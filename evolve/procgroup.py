@@ -442,11 +442,11 @@ def run_group(
     proc = _start(argv, cwd, env, log, stderr_path, stdin_path)
     pgid = proc.pid  # start_new_session: the child leads its own group
     progressed()
-    if on_start:
-        on_start(pgid)
     out = _Output(log, limits.tail_bytes, redactor or current(), on_output)
     assert proc.stdout is not None
     try:
+        if on_start:  # inside: when recording the group fails (a full disk), the child is killed below
+            on_start(pgid)
         timed_out, interrupted = _watch(proc, out, start, limits, stop, on_heartbeat)
         if timed_out or interrupted:
             kill_group(pgid, limits.grace_s, proc.poll)

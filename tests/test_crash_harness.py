@@ -1,7 +1,8 @@
-"""Crash consistency: fires SIGKILLed at named points and while their agents run (and agents killed
-under live fires), then one recovery fire; the on-disk state, the git side and the history of every
-queue line and claim must always be whole (issue 15, docs/PROOF.md). CI runs a reduced form;
-``pytest -m slow`` runs 300 kills.
+"""Crash consistency: fires SIGKILLed at named points (the landing's among them) and while their agents
+run (and agents killed under live fires), and fires whose landings wait on the operator's edit killed
+while their work is held or as it lands; then one recovery fire. The on-disk state, the git side and the
+history of every queue line and claim must always be whole (issues 15 and 22, docs/PROOF.md). CI runs a
+reduced form; ``pytest -m slow`` runs 300 kills.
 
 Every kill is planned from the seed alone (:func:`plan`): a named point and its occurrence
 (``EVOLVE_CRASHPOINT``), or an agent-alive kill made once the agent says it runs (it writes a file,
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from invariants import GitWatch, History
+from invariants import GitWatch, History, git_run
 from support import Env, entry
 
 BATCH = 20  # items appended whenever fewer than LOW are left to select
@@ -37,7 +38,8 @@ RELAUNCHES = 3  # fires a named-point trial may start before it counts the point
 # finalized), between a state file's temp write and its rename, after a queue edit is in evolve's
 # lifecycle record (evolve/work/queue_record.py) and after its redo journal is written, and between a
 # moved line's appended copy and its tombstone (claims and finalizes; evolve/store/inplace.py), while
-# the agent runs, and as the gate starts.
+# the agent runs, as the gate starts, and right before and right after the landing moves the branch (a
+# fast-forward in the operator's checkout: landing.json is resolved by the next fire, docs/DESIGN.md §8.3).
 POINTS = {
     "ledger.torn": 3,
     "ledger.appended": 3,
@@ -48,11 +50,21 @@ POINTS = {
     "queue.replace": 4,
     "agent.running": 3,
     "gate": 3,
+    "land.before_move": 3,
+    "land.moved": 3,
 }
 # Kills made while the agent runs (it has written its marker and hangs): the fire alone (its agent
 # orphaned, for the recovery to reap), the agent's group then the fire (the fire stopped first, so
 # it dies before it can see its agent die), and the agent's group alone under a fire that lives on.
 AGENT_KILLS = {"agent: fire killed": 4, "agent: agent then fire": 3, "agent: agent alone": 3}
+# The operator holds an uncommitted edit in the path the agent changes, so green cycles wait (``pending``,
+# their items' claims kept by pending.json): a fire is killed right after a held cycle's ledger entry
+# (checked while the work still waits), or, once the operator dropped the edit, as the fire lands the
+# waiting chain: before or after the branch moves.
+PENDING_KILLS = {"pending: held cycle killed": 2, "pending: landing killed before the move": 2,
+                 "pending: landing killed after the move": 2}
+HELD = "src/held.txt"  # the path both the operator and the agent change in a pending trial
+HELD_STEP = {"write": [{"path": HELD, "content": "h {cycle}\n", "append": True}], "report": {"result": "improved"}}
 
 # Short agent runs that write, sometimes commit, and leave a child behind; a trial starts at a
 # planned position of this loop.
@@ -77,15 +89,17 @@ class Trial:
 
 def plan(seed: int, kills: int) -> list[Trial]:
     """The run's kills, from the seed alone: half at named points (each point in turn, so a short run
-    still reaches every one), half while the agent runs, in proportion to AGENT_KILLS; shuffled."""
+    still reaches every one), half while the agent runs or while work waits to land, in proportion to
+    AGENT_KILLS and PENDING_KILLS; shuffled."""
     rng = random.Random(seed)
     points = sorted(POINTS)
     kinds = [points[n % len(points)] for n in range(kills // 2)]
-    weights = sum(AGENT_KILLS.values())
+    others = {**AGENT_KILLS, **PENDING_KILLS}
+    weights = sum(others.values())
     rest = kills - len(kinds)
     for n in range(rest):  # a deterministic spread, proportional to the weights
         acc = 0
-        for kind, w in AGENT_KILLS.items():
+        for kind, w in others.items():
             acc += w
             if n * weights < acc * rest:
                 kinds.append(kind)
@@ -95,7 +109,7 @@ def plan(seed: int, kills: int) -> list[Trial]:
 
 
 def planned(trials: list[Trial]) -> Counter[str]:
-    """The kill counts a run of ``trials`` must report, per named point and per agent-alive kind."""
+    """The kill counts a run of ``trials`` must report, per named point, agent-alive and pending kind."""
     return Counter(f"killed_at {t.kind}" for t in trials)
 
 
@@ -155,13 +169,15 @@ def _recover(env: Env, stats: Counter[str]) -> None:
             name = event.get("event")
             if name == "reconcile.claim":
                 stats[f"recovery_claim_{event.get('action')}"] += 1
-            elif name in ("ledger.torn_line", "reconcile.crashed", "reconcile.kill_orphan", "store.temps_removed"):
+            elif name in ("ledger.torn_line", "reconcile.crashed", "reconcile.kill_orphan", "store.temps_removed",
+                          "reconcile.landed", "reconcile.pending", "land.finished_after_crash", "land.settled"):
                 stats[f"recovery_{name.split('.', 1)[1]}"] += 1
     if env.paths.handoff.exists():
         env.paths.handoff.unlink()
 
 
-def _check(env: Env, gitw: GitWatch, history: History, trial: int) -> None:
+def _check(env: Env, gitw: GitWatch, history: History, trial: int, *, all_landed: bool = True) -> None:
+    """Every invariant; ``all_landed``: the operator holds nothing in the way, so nothing may still wait."""
     raw = env.paths.ledger.read_bytes() if env.paths.ledger.exists() else b""
     assert raw == b"" or raw.endswith(b"\n"), "a torn tail survived the recovery fire"
     ledger = [orjson.loads(line) for line in raw.splitlines()]  # every line parses
@@ -169,9 +185,13 @@ def _check(env: Env, gitw: GitWatch, history: History, trial: int) -> None:
     assert cycles == sorted(set(cycles)), "cycle numbers must strictly increase"
     state = orjson.loads(env.paths.state.read_bytes())
     assert state["fire"] is None and state["claimed_work"] is None
-    history.observe(env, trial)  # every line once, every claim ended, consumed iff a successful cycle
+    # Every line once, every claim ended or held by pending.json, consumed iff a successful cycle, every
+    # pending cycle settled once (all of them, when nothing is in the way any more).
+    history.observe(env, trial, all_landed=all_landed)
     assert not _temps(env), "temp files of dead writers must be swept"
-    gitw.check(ledger)  # no index.lock, improved commits exist on a ref, the operator's files untouched
+    # No index.lock; improved commits on main, pending ones exist; main only moved forward, by evolve's
+    # commits; the operator's files untouched.
+    gitw.check(ledger)
     survivors = _ours_alive({c["env"].get("EVOLVE_FIRE_ID") for c in env.calls()} - {None})
     assert not survivors, f"orphaned agents survived: {survivors}"
 
@@ -245,6 +265,71 @@ def _agent_kill(env: Env, t: Trial, marker: Path, stats: Counter[str]) -> None:
     stats[f"killed_at {t.kind}"] += 1
 
 
+def _hold(env: Env, gitw: GitWatch) -> None:
+    """The operator edits HELD in their checkout (tracked there or not) and leaves the edit uncommitted."""
+    path = env.repo / HELD
+    data = (path.read_bytes() if path.exists() else b"") + b"the operator's own edit, not to be landed over\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    gitw.operator[HELD] = data
+
+
+def _unhold(env: Env, gitw: GitWatch) -> None:
+    """The operator drops their edit: the committed version back, or the untracked file gone."""
+    assert (env.repo / HELD).read_bytes() == gitw.operator.pop(HELD), "the operator's held edit was changed"
+    if git_run(env.repo, "cat-file", "-e", f"HEAD:{HELD}").returncode == 0:
+        assert git_run(env.repo, "checkout", "-q", "--", HELD).returncode == 0
+    else:
+        (env.repo / HELD).unlink()
+
+
+def _fire(env: Env, out: Path, *args: str, crash: str = "") -> int:
+    with open(out, "wb") as fh:
+        fire = subprocess.Popen([sys.executable, "-m", "evolve", "--repo", str(env.repo), "fire", *args],
+                                stdout=fh, stderr=subprocess.STDOUT,
+                                env=env.env(**({"EVOLVE_CRASHPOINT": crash} if crash else {})))
+    return fire.wait(timeout=WAIT_S * 3)
+
+
+def _loop_from(env: Env, pos: int) -> None:
+    env.steps(LOOP, loop=True)
+    env.script.with_name(env.script.name + ".pos").write_text(str(pos))
+
+
+def _pending_trial(env: Env, t: Trial, stats: Counter[str], history: History, gitw: GitWatch, n: int) -> None:
+    """Green cycles held by the operator's edit of HELD; a death while they wait or as they land."""
+    env.steps([HELD_STEP], loop=True)
+    _hold(env, gitw)
+    out = env.root / "pending-fire.out"
+    before = len(env.ledger())
+    if t.kind == "pending: held cycle killed":
+        # Death right after the first held cycle's entry (its claim kept by pending.json, not yet by the fire).
+        code = _fire(env, out, "--cycles", "2", crash="ledger.appended:1")
+        assert code == -signal.SIGKILL, f"{t.kind}: exit {code}: {out.read_bytes()[-2000:]!r}"
+        assert env.ledger()[-1]["result"] == "pending", env.ledger()[-1]
+        stats[f"killed_at {t.kind}"] += 1
+        History.claims_held(env)
+        _loop_from(env, t.pos)  # the recovery fire's cycle chains onto the held work: it waits too
+        _recover(env, stats)
+        stats["pending_checked_while_held"] += 1
+        _check(env, gitw, history, n, all_landed=False)  # the held items still claimed, the work on a ref
+        _unhold(env, gitw)  # the run's recovery fire lands it all
+        return
+    code = _fire(env, out, "--cycles", "2")
+    assert code == 0, f"{t.kind}: exit {code}: {out.read_bytes()[-2000:]!r}"
+    waiting = [e for e in env.ledger()[before:] if e["result"] == "pending"]
+    assert waiting and all(HELD in e["pending_reason"] for e in waiting), env.ledger()[before:]
+    stats["pending_cycles_held"] += len(waiting)
+    stats["pending_checked_while_held"] += 1
+    _check(env, gitw, history, n, all_landed=False)
+    _unhold(env, gitw)
+    _loop_from(env, t.pos)
+    point = "land.before_move" if t.kind.endswith("before the move") else "land.moved"
+    code = _fire(env, out, crash=f"{point}:1")  # the waiting chain is the fire's first landing (prepare)
+    assert code == -signal.SIGKILL, f"{t.kind}: exit {code}: {out.read_bytes()[-2000:]!r}"
+    stats[f"killed_at {t.kind}"] += 1
+
+
 def run_harness(env: Env, trials: list[Trial]) -> tuple[Counter[str], GitWatch, History]:
     """Run each planned kill; after each, one recovery fire and every invariant."""
     env.write_config(fire={"max_cycles": 1000}, breaker={"max_consecutive_failures": 1000},
@@ -258,6 +343,8 @@ def run_harness(env: Env, trials: list[Trial]) -> tuple[Counter[str], GitWatch, 
         _refill(env, history)
         if t.kind in POINTS:
             _point(env, t, stats, history)
+        elif t.kind in PENDING_KILLS:
+            _pending_trial(env, t, stats, history, gitw, n)
         else:
             _agent_kill(env, t, marker, stats)
         stats["kills"] += 1
@@ -271,15 +358,18 @@ def run_harness(env: Env, trials: list[Trial]) -> tuple[Counter[str], GitWatch, 
     stats["items_queued"] = len(history.appended)
     stats["items_consumed"] = sum(1 for i in _items(env) if i.get("consumed"))
     stats.update({f"claims_{k}": v for k, v in history.claims.items()})
+    stats.update({f"pending_{k}": v for k, v in history.pending.items()})
     stats["trials_leaving_agent_edits_in_place"] = gitw.leftovers
     stats["improved_commits_checked"] = len(gitw.checked)
+    stats["pending_commits_checked"] = len(gitw.pending_seen)
+    stats["branch_moves_checked"] = gitw.moves
     return stats, gitw, history
 
 
 def _report(title: str, stats: Counter[str]) -> None:
     print(f"\n{title}")
     for key in sorted(stats):
-        print(f"  {key:<44} {stats[key]:>6}")
+        print(f"  {key:<52} {stats[key]:>6}")
 
 
 def test_the_plan_is_the_seed_alone() -> None:
@@ -288,7 +378,9 @@ def test_the_plan_is_the_seed_alone() -> None:
     counts = planned(plan(11, 300))
     assert sum(counts.values()) == 300
     assert sum(counts[f"killed_at {p}"] for p in POINTS) == 150
-    assert all(counts[f"killed_at {k}"] > 0 for k in (*POINTS, *AGENT_KILLS))
+    assert all(counts[f"killed_at {k}"] > 0 for k in (*POINTS, *AGENT_KILLS, *PENDING_KILLS))
+    reduced = planned(plan(7, 40))
+    assert all(reduced[f"killed_at {k}"] > 0 for k in (*POINTS, *PENDING_KILLS))  # CI reaches each
     assert all(1 <= t.nth <= POINTS.get(t.kind, 1) and 0 <= t.pos < len(LOOP) for t in plan(11, 300))
 
 
@@ -306,6 +398,10 @@ def test_crash_consistency_reduced(env: Env) -> None:
     assert stats["cycles"] > 0 and stats["claims_consumed"] > 0 and stats["claims_released"] > 0
     assert stats["recovery_crashed"] > 0 and stats["recovery_torn_line"] > 0 and stats["recovery_temps_removed"] > 0
     assert stats["recovery_kill_orphan"] > 0  # agents left by killed fires were reaped
+    # Landings cut short were found on the branch (finished first when the fast-forward had not begun);
+    # waiting work was held, checked while held, and landed by a later fire.
+    assert stats["recovery_landed"] > 0 and stats["recovery_finished_after_crash"] > 0
+    assert stats["pending_cycles_held"] > 0 and stats["pending_settled_landed"] > 0
 
 
 @pytest.mark.slow
@@ -316,3 +412,29 @@ def test_crash_consistency_full(env: Env) -> None:
     _report("item timelines (statuses after each trial: items)", history.transitions())
     _assert_counts(stats, trials)
     assert stats["kills"] == 300
+
+
+def test_a_death_right_after_a_held_cycle_keeps_its_claim(env: Env) -> None:
+    """A fire dies right after a ``pending`` entry (its landing waits on the operator's edit): the next
+    fire keeps the item's claim for pending.json, never releases it while the work waits; once the
+    operator's edit is gone the work lands, settled once, and the item is consumed once."""
+    gitw, history = GitWatch(env), History()
+    gitw.plant()
+    titles = ["held-1", "held-2"]
+    env.queue(entry(*titles))
+    history.append(titles)
+    env.steps([HELD_STEP], loop=True)
+    _hold(env, gitw)
+    out = env.root / "fire.out"
+    assert _fire(env, out, "--cycles", "1", crash="ledger.appended:1") == -signal.SIGKILL
+    assert [e["result"] for e in env.ledger()] == ["pending"]
+    History.claims_held(env)
+    assert _fire(env, out, "--cycles", "1") == 0, out.read_bytes()[-3000:]
+    assert [e["result"] for e in env.ledger()] == ["pending", "pending"]  # the second chains onto the first
+    _check(env, gitw, history, 1, all_landed=False)  # held-1 still in_progress: the chain holds its claim
+    _unhold(env, gitw)
+    assert _fire(env, out, "--cycles", "1") == 0, out.read_bytes()[-3000:]
+    settles = [(e["pending_cycle"], e["result"]) for e in env.ledger() if e.get("pending_cycle")]
+    assert settles == [(1, "improved"), (2, "improved")], env.ledger()
+    _check(env, gitw, history, 2)
+    assert history.claims["consumed"] == 2

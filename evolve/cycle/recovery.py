@@ -187,7 +187,9 @@ def _log_crashed(ctx: FireContext, cycle: int, fire: FireRecord, claimed: Claime
 
 def _settle_claim(ctx: FireContext, claimed: ClaimedWork, action: ClaimAction) -> None:
     src = ctx.source(claimed.source)
-    if src is not None and claimed.ref:
+    # KEEP: the dead cycle's entry is ``pending``: its work waits in pending.json, which holds the claim
+    # until the work lands or cannot (§8.3); released here, the item would be free while its work waits.
+    if src is not None and claimed.ref and action is not ClaimAction.KEEP:
         item = WorkItem(source=claimed.source, ref=claimed.ref, title=claimed.title)
         stamp = utc_iso(ctx.clock())
         try:

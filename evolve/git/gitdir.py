@@ -49,6 +49,28 @@ def busy(checkout: Path) -> str:
     return ""
 
 
+def operating_on(checkout: Path) -> str | None:
+    """The branch a rebase or bisect in progress in ``checkout`` is on (``refs/heads/...``), or None.
+
+    Both detach HEAD while they run, so ``git worktree list`` names no branch for the checkout; yet the
+    branch is the operator's: the rebase moves it when it finishes (from the value it started with: a
+    branch moved meanwhile makes ``rebase --continue`` fail, and ``--abort`` puts it back over whatever
+    landed) and ``bisect reset`` returns to it. A landing treats that checkout as the one holding it.
+    """
+    gd = git_dir_of(checkout)
+    if gd is None:
+        return None
+    for name in ("rebase-merge/head-name", "rebase-apply/head-name", "BISECT_START"):
+        try:
+            text = (gd / name).read_text(encoding="utf-8", errors="replace").strip()
+        except OSError:
+            continue
+        if name == "BISECT_START":  # the branch's short name (or a sha, when the bisect began detached)
+            text = "refs/heads/" + text if text and not text.startswith("refs/") else text
+        return text if text.startswith("refs/heads/") else None
+    return None
+
+
 def _ref_missing(gd: Path, ref: str) -> bool:
     """Whether ``ref`` exists neither as a loose ref nor in ``packed-refs``."""
     common = gd

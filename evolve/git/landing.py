@@ -17,7 +17,7 @@ from pathlib import Path
 
 from evolve.git import land
 from evolve.git.change import changed, dirty_paths
-from evolve.git.gitdir import busy, index_lock
+from evolve.git.gitdir import busy, index_lock, operating_on
 from evolve.git.refs import head, is_ancestor, rev
 from evolve.git.run import SAFE, GitError, GitPolicy, git, identity, run_git
 from evolve.git.worktree import Checkout, checkouts
@@ -51,8 +51,12 @@ def git_running_in(path: Path, proc: Path = Path("/proc")) -> list[float]:
 
 
 def holder_of(repo: Path, branch: str) -> Checkout | None:
-    """The checkout (worktree) that has ``branch`` checked out, if any."""
-    return next((c for c in checkouts(repo) if c.branch == branch), None)
+    """The checkout (worktree) that has ``branch`` checked out, if any; a checkout rebasing or bisecting
+    it has it too (its HEAD is detached meanwhile: :func:`evolve.git.gitdir.operating_on`), so the
+    landing waits for the operator there instead of moving the branch under their rebase."""
+    found = checkouts(repo)
+    return next((c for c in found if c.branch == branch), None) or next(
+        (c for c in found if c.branch is None and operating_on(c.path) == branch), None)
 
 
 def landing_paths(repo: Path, tip: str, new: str) -> dict[str, bool]:
