@@ -45,3 +45,43 @@ def test_a_landing_finished_after_a_death_never_writes_into_the_branch_the_opera
     # feature's checkout as the operator left it: nothing of main's landing in its files or its index
     assert git(env.repo, "status", "--porcelain").strip() == "", git(env.repo, "status", "--porcelain")
     assert not (env.repo / "once.txt").exists()
+
+
+def tracked_agents_repo(env: Env) -> None:
+    """An agentops-style repository (as tests/test_landing.py has it): the queue and learnings committed."""
+    (env.repo / ".agents" / ".gitignore").unlink()
+    (env.repo / ".gitignore").write_text(".agents/evolve/\n")
+    (env.repo / ".agents" / "learnings").mkdir(parents=True)
+    (env.repo / ".agents" / "learnings" / "l1.md").write_text("first learning\n")
+    env.queue(entry("work"))
+    git(env.repo, "add", ".gitignore", ".agents")
+    git(env.repo, "commit", "-q", "-m", "agentops: queue and learnings are tracked")
+
+
+def test_an_agent_that_commits_its_learning_with_its_code_in_a_tracked_agents_repo_lands(env: Env, cli) -> None:
+    """Items 10 and 8: in an agentops repository (``.agents/`` tracked) an agent that does what such repos
+    ask of it — ``git add -A && git commit`` of its code *and* its learning — is green, but the door first
+    copies the learning into the operator's ``.agents/`` as an untracked file, and then the landing finds
+    that very file "in the way" and holds the chain: the cycle is ``pending`` with the reason "your checkout
+    has changes, untracked or ignored files in paths this landing writes: .agents/learnings/new.md" (evolve's
+    own write, not the operator's), and every later fire holds it again for the same reason: the good change
+    never lands by itself. What must hold: a file the door itself put there, byte for byte what the landing
+    writes, is not the operator's and does not hold the landing; the change lands."""
+    tracked_agents_repo(env)
+    start = head(env.repo)
+    env.steps([{"write": [{"path": "code.txt", "content": "code\n"},
+                          {"path": ".agents/learnings/new.md", "content": "what the agent learned\n"}],
+                "run": [["git", "add", "-A"], ["git", "commit", "-q", "-m", "agent: code and its learning"]],
+                "report": {"result": "improved"}}])
+    r = cli("fire", "--cycles", "1")
+    assert r.code == 0, r.stderr
+    assert (env.repo / ".agents" / "learnings" / "new.md").read_text() == "what the agent learned\n"
+    env.steps([{"report": {"result": "unchanged", "summary": "nothing"}}])
+    r = cli("fire", "--cycles", "1")  # a later fire: nothing of the operator's has changed meanwhile
+    assert r.code == 0, r.stderr
+    first = env.ledger()[0]
+    assert first["result"] == "improved" or any(
+        e.get("pending_cycle") == first["cycle"] and e["result"] == "improved" for e in env.ledger()), \
+        (first["result"], first.get("pending_reason"))
+    assert head(env.repo, "main") != start
+    assert (env.repo / "code.txt").read_text() == "code\n"
