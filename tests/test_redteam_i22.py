@@ -5,8 +5,11 @@ real git and real fires; its docstring says what must hold instead.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 from support import Env, entry, git, improved_step
@@ -14,6 +17,29 @@ from support import Env, entry, git, improved_step
 
 def head(repo: Path, ref: str = "HEAD") -> str:
     return git(repo, "rev-parse", ref).strip()
+
+
+def commit_file(repo: Path, path: str, content: str, msg: str) -> str:
+    (repo / path).parent.mkdir(parents=True, exist_ok=True)
+    (repo / path).write_text(content)
+    git(repo, "add", "--", path)
+    git(repo, "commit", "-q", "-m", msg)
+    return head(repo)
+
+
+def wait_until(pred, what: str, timeout: float = 120.0) -> None:
+    """A hang guard only: the condition is an event, never a speed."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def start_fire(env: Env, *args: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "evolve", "--repo", str(env.repo), "fire", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env.env(**(extra_env or {})))
 
 
 def test_a_landing_finished_after_a_death_never_writes_into_the_branch_the_operator_switched_to(
@@ -85,3 +111,40 @@ def test_an_agent_that_commits_its_learning_with_its_code_in_a_tracked_agents_re
         (first["result"], first.get("pending_reason"))
     assert head(env.repo, "main") != start
     assert (env.repo / "code.txt").read_text() == "code\n"
+
+
+def test_applying_a_dead_cycle_s_stranded_work_never_brings_back_a_commit_the_operator_dropped(
+        env: Env, cli) -> None:
+    """Items 2 and 11: the operator committed a secret by mistake; a cycle starts on it; the fire dies
+    (SIGKILL, OOM) while its agent works; the operator drops the secret commit; the next fire sets the
+    dead cycle's work aside as ``stranded/<cycle>``, and the operator takes it back with ``evolve setaside
+    apply``. The ``crashed`` entry reconcile writes has no ``cycle_start_sha``, so the change is measured
+    from the ref's fork point with the operator's branch, which lies *below* the dropped commit: the apply
+    writes ``secret.txt`` back into the checkout. What must hold: a set-aside change is only the cycle's
+    own (measured from the cycle's start, which evolve knew when it started the cycle); nothing the
+    operator removed comes back with it."""
+    base = head(env.repo)
+    commit_file(env.repo, "secret.txt", "AKIA-not-for-git\n", "oops: committed a secret")
+    env.queue(entry("work"))
+    go = env.root / "go"
+    env.steps([{"write": [{"path": "agent.txt", "content": "agent\n"}], "wait_for": str(go),
+                "report": {"result": "improved"}}])
+    fire = start_fire(env, "--cycles", "1")
+    wait_until(lambda: (env.tree / "agent.txt").exists(), "the agent's edit")
+    fire.send_signal(signal.SIGKILL)  # the fire dies (OOM, power cut) while its agent works
+    fire.communicate(timeout=60)
+    go.write_text("")  # the orphaned agent ends (or the next fire's reconcile kills it)
+    git(env.repo, "reset", "-q", "--hard", base)  # the operator drops the commit with the secret
+    env.steps([{"report": {"result": "unchanged", "summary": "nothing"}}])
+    r = cli("fire", "--cycles", "1")
+    assert r.code == 0, r.stderr
+    crashed = env.ledger()[0]
+    assert crashed["result"] == "crashed", crashed
+    stranded = git(env.repo, "for-each-ref", "--format=%(refname)", "refs/evolve/stranded/").split()
+    assert len(stranded) == 1, stranded
+    assert git(env.repo, "show", f"{stranded[0]}:agent.txt") == "agent\n"  # the dead cycle's work is kept
+    r = cli("setaside", "apply", stranded[0].removeprefix("refs/evolve/"))
+    assert r.code == 0, (r.stdout, r.stderr)
+    assert (env.repo / "agent.txt").read_text() == "agent\n"
+    assert not (env.repo / "secret.txt").exists(), "the dropped secret came back with the set-aside work"
+    assert head(env.repo) == base
