@@ -148,3 +148,38 @@ def test_applying_a_dead_cycle_s_stranded_work_never_brings_back_a_commit_the_op
     assert (env.repo / "agent.txt").read_text() == "agent\n"
     assert not (env.repo / "secret.txt").exists(), "the dropped secret came back with the set-aside work"
     assert head(env.repo) == base
+
+
+MANY_FILES = """
+import os
+d = "gen/" + "d" * 60
+os.makedirs(d, exist_ok=True)
+for i in range(20000):
+    with open(f"{d}/file_{i:06d}_" + "x" * 60 + ".txt", "w") as fh:
+        fh.write(f"{i}\\n")
+"""
+
+
+def test_a_change_of_twenty_thousand_paths_neither_crashes_the_fire_nor_wedges_every_later_one(
+        env: Env, cli) -> None:
+    """Item 7 (and the issue's "a huge number of paths"): an agent that generates 20,000 files (a code
+    generator, a vendored dependency) makes evolve name every path on one git argv (``git add -- <paths>``),
+    past the kernel's ARG_MAX: the fire dies with "unexpected error: OSError: Argument list too long" and
+    no entry; every later fire then fails to make its workspace the same way (setting the dead cycle's
+    work aside names every path again), status DEGRADED "the next fire tries again", forever, and the
+    dead cycle's work is never kept under a ref. What must hold: a change of any number of paths is
+    committed (or refused with a reason) and recorded; a dead cycle's work is set aside and the next
+    fire works its next item."""
+    env.queue(entry("gen"))
+    env.steps([{"run": [[sys.executable, "-c", MANY_FILES]], "report": {"result": "improved"}},
+               improved_step(path="small.txt", content="small\n")])
+    start = head(env.repo)
+    cli("fire", "--cycles", "1", timeout=600)
+    r = cli("fire", "--cycles", "1", timeout=600)
+    assert r.code == 0, [e for e in r.events() if "error" in e["event"]]
+    assert git(env.repo, "show", "main:small.txt") == "small\n"  # the next cycle worked and landed
+    gen = "gen/" + "d" * 60 + "/file_000000_" + "x" * 60 + ".txt"
+    kept = git(env.repo, "for-each-ref", "--format=%(refname)", "refs/evolve/").split()
+    assert any(subprocess.run(["git", "cat-file", "-e", f"{ref}:{gen}"], cwd=env.repo).returncode == 0
+               for ref in [*kept, "main"]), "the generated files are neither on main nor kept under a ref"
+    assert head(env.repo, "main") != start
