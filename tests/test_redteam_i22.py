@@ -183,3 +183,44 @@ def test_a_change_of_twenty_thousand_paths_neither_crashes_the_fire_nor_wedges_e
     assert any(subprocess.run(["git", "cat-file", "-e", f"{ref}:{gen}"], cwd=env.repo).returncode == 0
                for ref in [*kept, "main"]), "the generated files are neither on main nor kept under a ref"
     assert head(env.repo, "main") != start
+
+
+GOALS_API = """\
+version: 3
+mission: every caller names a function the api has
+goals:
+  - id: callers-resolve
+    description: every name in callers/ is defined in api.txt
+    check: "for n in $(cat callers/* 2>/dev/null); do grep -qx \\"$n\\" api.txt || exit 1; done"
+    weight: 5
+"""
+
+
+def test_a_replay_onto_the_operator_s_new_commit_is_gated_by_the_goals_too(env: Env) -> None:
+    """Items 1 and 2: the GOALS checks are the repository's gate (no ``gate.commands``). The agent renames
+    the api's function; meanwhile the operator commits a caller of the old name. Each tree alone is green,
+    together the goal fails. The branch moved, so evolve replays the change onto the operator's tip and
+    "re-gates" it, but only with ``gate.commands`` (none here): the replayed tree, whose goal now fails,
+    lands as ``improved`` with ``gate: PASS``. What must hold: the tree that lands is the tree the gate
+    judged: after a replay the goals that passed before are measured again, and a regression there keeps
+    the change unlanded."""
+    (env.repo / "GOALS.yaml").write_text(GOALS_API)
+    git(env.repo, "add", "GOALS.yaml")
+    commit_file(env.repo, "api.txt", "old_name\n", "api and its goal")
+    env.queue(entry("rename the api's function"))
+    go = env.root / "go"
+    env.steps([{"write": [{"path": "api.txt", "content": "new_name\n"}], "wait_for": str(go),
+                "report": {"result": "improved"}}])
+    fire = start_fire(env, "--cycles", "1")
+    wait_until(lambda: (env.tree / "api.txt").exists() and (env.tree / "api.txt").read_text() == "new_name\n",
+               "the agent's edit")
+    commit_file(env.repo, "callers/op.txt", "old_name\n", "operator: a caller of the api")  # during the cycle
+    go.write_text("")
+    _, err = fire.communicate(timeout=300)
+    assert fire.returncode == 0, err
+    check = subprocess.run(["sh", "-c", "for n in $(cat callers/* 2>/dev/null); do grep -qx \"$n\" api.txt || "
+                            "exit 1; done"], cwd=env.repo)
+    e = [x for x in env.ledger() if x.get("work_ref", "").endswith("rename the api's function")][-1]
+    assert not (e["result"] == "improved" and check.returncode != 0), \
+        f"landed {e['result']} (gate {e.get('gate')}) with the goal red on the branch: {e}"
+    assert git(env.repo, "status", "--porcelain").strip() == ""
