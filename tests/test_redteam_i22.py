@@ -224,3 +224,48 @@ def test_a_replay_onto_the_operator_s_new_commit_is_gated_by_the_goals_too(env: 
     assert not (e["result"] == "improved" and check.returncode != 0), \
         f"landed {e['result']} (gate {e.get('gate')}) with the goal red on the branch: {e}"
     assert git(env.repo, "status", "--porcelain").strip() == ""
+
+
+CRYPT = r'''
+import sys
+MAGIC = b"CRYPT1:"
+data = sys.stdin.buffer.read()
+if sys.argv[1] == "clean":
+    out = data if data.startswith(MAGIC) else MAGIC + bytes(b ^ 0x5A for b in data).hex().encode() + b"\n"
+else:
+    out = bytes(b ^ 0x5A for b in bytes.fromhex(data[len(MAGIC):].decode())) if data.startswith(MAGIC) else data
+sys.stdout.buffer.write(out)
+'''
+
+
+def test_a_replay_onto_a_commit_that_declares_a_filter_never_lands_plaintext_in_the_filtered_file(
+        env: Env, cli) -> None:
+    """Item 6: the operator's git-crypt-style filter is approved (``doctor --trust-git-config``). While a
+    cycle runs, in which the agent adds ``config/prod.env``, the operator commits a ``.gitattributes``
+    that sends ``config/*.env`` through that filter (exactly what one does on noticing env files are about
+    to be committed). The branch moved, so evolve replays the agent's commit onto it; the replay moves
+    the committed blob as it is (plaintext: at the cycle's start nothing declared it filtered), no filter
+    check runs on the replayed tree, and the plaintext lands in a path ``main`` now declares encrypted
+    (and is pushed with ``[git] push``). What must hold: plaintext never lands in a filtered file: a
+    replayed change is checked against the attributes of the tree it lands in (refused, kept unlanded)
+    or renormalized through the filter."""
+    prog = env.root / "crypt.py"
+    prog.write_text(CRYPT)
+    git(env.repo, "config", "filter.crypt.clean", f"{sys.executable} {prog} clean")
+    git(env.repo, "config", "filter.crypt.smudge", f"{sys.executable} {prog} smudge")
+    r = cli("doctor", "--trust-git-config")
+    assert "approved filter.crypt.clean" in r.stdout, r.stdout
+    env.queue(entry("configure production"))
+    go = env.root / "go"
+    env.steps([{"write": [{"path": "config/prod.env", "content": "DB_PASSWORD=hunter2\n"}],
+                "wait_for": str(go), "report": {"result": "improved"}}])
+    fire = start_fire(env, "--cycles", "1")
+    wait_until(lambda: (env.tree / "config" / "prod.env").exists(), "the agent's edit")
+    commit_file(env.repo, ".gitattributes", "config/*.env filter=crypt\n", "operator: env files are encrypted")
+    go.write_text("")
+    _, err = fire.communicate(timeout=300)
+    assert fire.returncode == 0, err
+    on_main = subprocess.run(["git", "cat-file", "blob", "main:config/prod.env"], cwd=env.repo,
+                             capture_output=True).stdout
+    assert b"hunter2" not in on_main, f"plaintext landed in a filtered file: {on_main!r}"
+    assert git(env.repo, "status", "--porcelain").strip() == ""
