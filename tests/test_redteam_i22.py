@@ -269,3 +269,34 @@ def test_a_replay_onto_a_commit_that_declares_a_filter_never_lands_plaintext_in_
                              capture_output=True).stdout
     assert b"hunter2" not in on_main, f"plaintext landed in a filtered file: {on_main!r}"
     assert git(env.repo, "status", "--porcelain").strip() == ""
+
+
+def test_what_the_gate_judged_is_what_lands_even_when_a_new_file_matches_gitignore(env: Env, cli) -> None:
+    """Item 1: GitHub's Python ``.gitignore`` ignores every directory named ``lib/`` (and ``build/``,
+    ``env/``, ...), at any depth. The agent adds a helper module under ``lib/`` and imports it; the gate
+    runs in the worktree, where the file exists, and is green; evolve then commits only the paths
+    ``git status`` shows, so the helper (ignored) is not committed: ``main`` gets code that imports a
+    module it does not have, recorded ``improved`` with ``gate: PASS``. What must hold: the gate's verdict
+    is about the tree that lands: a file the gate's tree had and the commit leaves out either makes the
+    cycle red (or refused with the reason), or the gate judges the committed tree."""
+    (env.repo / ".gitignore").write_text("# from github/gitignore Python.gitignore\nbuild/\nlib/\nenv/\n")
+    (env.repo / "app.py").write_text("def main():\n    return 1\n")
+    git(env.repo, "add", ".gitignore", "app.py")
+    git(env.repo, "commit", "-q", "-m", "app")
+    gate = [sys.executable, "-c", "import app; assert app.main() == 2"]
+    env.write_config(gate={"commands": [gate]})
+    env.queue(entry("return two via a helper"))
+    env.steps([{"write": [{"path": "lib/__init__.py", "content": ""},
+                          {"path": "lib/helpers.py", "content": "def two():\n    return 2\n"},
+                          {"path": "app.py", "content": "from lib.helpers import two\n\n\ndef main():\n"
+                                                        "    return two()\n"}],
+                "report": {"result": "improved"}}])
+    r = cli("fire", "--cycles", "1")
+    assert r.code == 0, r.stderr
+    e = env.ledger()[-1]
+    landed = env.root / "landed"
+    git(env.repo, "worktree", "add", "-q", "--detach", str(landed), "main")
+    on_main = subprocess.run(gate, cwd=landed, capture_output=True, text=True,
+                             env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert not (e["result"] == "improved" and on_main.returncode != 0), \
+        f"{e['result']} (gate {e.get('gate')}), but the gate is red on what landed: {on_main.stderr[-300:]}"
