@@ -300,3 +300,51 @@ def test_what_the_gate_judged_is_what_lands_even_when_a_new_file_matches_gitigno
                              env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert not (e["result"] == "improved" and on_main.returncode != 0), \
         f"{e['result']} (gate {e.get('gate')}), but the gate is red on what landed: {on_main.stderr[-300:]}"
+
+
+SLOW_SMUDGE = r'''
+import os, sys, time
+data = sys.stdin.buffer.read()
+if sys.argv[1] == "smudge" and os.getcwd() == {repo!r} and sys.argv[2] == "b.dat":
+    open({marker!r}, "w").write(str(os.getppid()))  # git, mid-checkout in the operator's checkout
+    time.sleep(120)
+sys.stdout.buffer.write(data)
+'''
+
+
+def test_systemctl_stop_during_the_fast_forward_never_leaves_the_checkout_half_updated(env: Env, cli) -> None:
+    """Item 7: the units run with ``KillMode=control-group``, so ``systemctl stop`` (or a shutdown) sends
+    SIGTERM to every process of the fire at once, git included. Arriving while git's ``merge --ff-only``
+    writes the landing into the operator's checkout (here: an approved filter, slow on the second of
+    three files), git dies between files; the fire, which only sets its stop flag, sees "git refused the
+    fast-forward" and holds the chain as pending. The operator's checkout keeps ``a.dat`` new while its
+    index and branch are old: evolve's half-landed file looks like the operator's own edit, and from then
+    on it is "in the way" of the very landing it belongs to. What must hold: a landing killed half-way
+    never leaves the operator's checkout half-updated: after the stop (and at the latest after the next
+    fire) the checkout is clean and its files are exactly its HEAD's."""
+    marker = env.root / "smudging"
+    prog = env.root / "slow.py"
+    prog.write_text(SLOW_SMUDGE.format(repo=str(env.repo), marker=str(marker)))
+    git(env.repo, "config", "filter.slow.clean", "cat")
+    git(env.repo, "config", "filter.slow.smudge", f"{sys.executable} {prog} smudge %f")
+    commit_file(env.repo, ".gitattributes", "*.dat filter=slow\n", "dat files go through the filter")
+    r = cli("doctor", "--trust-git-config")
+    assert "approved filter.slow.smudge" in r.stdout, r.stdout
+    start = head(env.repo)
+    env.queue(entry("data"))
+    env.steps([{"write": [{"path": f"{n}.dat", "content": f"{n} new\n"} for n in "abc"],
+                "report": {"result": "improved"}}])
+    fire = start_fire(env, "--cycles", "1")
+    wait_until(marker.exists, "git's fast-forward, mid-checkout", timeout=300)
+    git_pid = int(marker.read_text())
+    os.killpg(os.getpgid(git_pid), signal.SIGTERM)  # systemd: SIGTERM to the whole control group at once
+    fire.send_signal(signal.SIGTERM)
+    fire.communicate(timeout=300)
+    r = cli("fire", "--cycles", "1")  # and the next fire, too, may put it right
+    status = git(env.repo, "status", "--porcelain", "--untracked-files=all")
+    assert status.strip() == "", f"the operator's checkout after the stop: {status!r} (main moved: " \
+                                 f"{head(env.repo) != start})"
+    assert not (env.repo / ".git" / "index.lock").exists()
+    for n in "abc":
+        tracked = subprocess.run(["git", "cat-file", "-e", f"HEAD:{n}.dat"], cwd=env.repo).returncode == 0
+        assert (env.repo / f"{n}.dat").exists() == tracked
