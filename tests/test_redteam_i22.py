@@ -348,3 +348,38 @@ def test_systemctl_stop_during_the_fast_forward_never_leaves_the_checkout_half_u
     for n in "abc":
         tracked = subprocess.run(["git", "cat-file", "-e", f"HEAD:{n}.dat"], cwd=env.repo).returncode == 0
         assert (env.repo / f"{n}.dat").exists() == tracked
+
+
+def test_a_worktree_dir_shared_by_two_repositories_never_destroys_the_other_s_work(env: Env, cli) -> None:
+    """Items 7 and 12: ``EVOLVE_GIT_WORKTREE_DIR`` (or ``[git] worktree_dir``) set once for every instance
+    of the ``evolve@.service`` template names the same absolute path for two repositories. Repository A's
+    fire dies while its agent works (its edits are in that worktree, to be set aside as ``stranded/``).
+    Repository B's fire finds a worktree there that evolve made (for A: its ``.git`` file points into A's
+    ``worktrees/``), which B's git cannot remove, so evolve deletes the directory (``shutil.rmtree``) and
+    makes its own: A's dead cycle's work is gone, and A's next fire has nothing to set aside. What must
+    hold: a ``worktree_dir`` that is another repository's worktree is refused (as one evolve did not make
+    for this repository), and a dead cycle's work is kept under a ref of its own repository."""
+    shared = env.root / "shared-worktree"
+    wt = {"EVOLVE_GIT_WORKTREE_DIR": str(shared)}
+    other = env.root / "other"
+    other.mkdir()
+    git(other, "init", "-q", "-b", "main")
+    commit_file(other, "README.md", "# the other repository\n", "initial")
+    (other / ".agents" / "evolve").mkdir(parents=True)
+    (other / ".agents" / ".gitignore").write_text("*\n")
+    (other / ".agents" / "evolve" / "config.toml").write_bytes(env.paths.config.read_bytes())
+    env.queue(entry("work"))
+    go = env.root / "go"
+    env.steps([{"write": [{"path": "wip.txt", "content": "an hour of the agent's work\n"}], "wait_for": str(go),
+                "report": {"result": "improved"}}])
+    fire = start_fire(env, "--cycles", "1", extra_env=wt)
+    wait_until(lambda: (shared / "wip.txt").exists(), "the agent's edit")
+    fire.send_signal(signal.SIGKILL)  # repository A's fire dies (OOM, power cut) while its agent works
+    fire.communicate(timeout=60)
+    go.write_text("")
+    env.steps([{"report": {"result": "unchanged", "summary": "nothing"}}])
+    cli("fire", "--cycles", "1", extra_env=wt, repo=other)  # repository B's fire, same worktree_dir
+    cli("fire", "--cycles", "1", extra_env=wt)  # repository A's next fire
+    kept = git(env.repo, "for-each-ref", "--format=%(refname)", "refs/evolve/").split()
+    assert any(subprocess.run(["git", "cat-file", "-e", f"{ref}:wip.txt"], cwd=env.repo).returncode == 0
+               for ref in kept), f"repository A's dead cycle's work is gone (refs: {kept})"
