@@ -383,3 +383,22 @@ def test_a_worktree_dir_shared_by_two_repositories_never_destroys_the_other_s_wo
     kept = git(env.repo, "for-each-ref", "--format=%(refname)", "refs/evolve/").split()
     assert any(subprocess.run(["git", "cat-file", "-e", f"{ref}:wip.txt"], cwd=env.repo).returncode == 0
                for ref in kept), f"repository A's dead cycle's work is gone (refs: {kept})"
+
+
+def test_the_door_never_brings_back_a_learning_the_operator_deleted(env: Env, cli) -> None:
+    """Item 10 (and "never resurrect the operator's things"): in an agentops repository the operator deletes
+    an obsolete learning from their ``.agents/`` (not committed yet, as one does). The agent's worktree has
+    the branch's copy, and the agent refines it; the door treats the missing file as "not changed by the
+    operator" and writes the agent's version back into their ``.agents/``. What must hold: a file the
+    operator changed since the branch tip — deleting it is a change — is never written over or recreated:
+    the agent's version goes beside it (``<name>.evolve-<cycle>``), as for an edit."""
+    tracked_agents_repo(env)
+    learned = env.repo / ".agents" / "learnings" / "l1.md"
+    learned.unlink()  # the operator removes it (the deletion not committed yet)
+    env.steps([{"write": [{"path": "code.txt", "content": "code\n"},
+                          {"path": ".agents/learnings/l1.md", "content": "first learning, refined\n"}],
+                "report": {"result": "improved"}}])
+    r = cli("fire", "--cycles", "1")
+    assert r.code == 0, r.stderr
+    assert env.ledger()[-1]["result"] == "improved"
+    assert not learned.exists(), "the learning the operator deleted is back: " + learned.read_text()
