@@ -402,3 +402,27 @@ def test_the_door_never_brings_back_a_learning_the_operator_deleted(env: Env, cl
     assert r.code == 0, r.stderr
     assert env.ledger()[-1]["result"] == "improved"
     assert not learned.exists(), "the learning the operator deleted is back: " + learned.read_text()
+
+
+def test_a_path_that_is_not_utf8_in_a_landing_reason_is_recorded_not_a_crash(env: Env, cli) -> None:
+    """Item 4 (and untrusted input: the repository itself): a real repository may hold a file whose name is
+    not UTF-8 (``caf\\xe9.txt``, from a Latin-1 system). The operator has it modified in their checkout, the
+    agent changes it too: the landing must wait, and its reason names the path. That reason goes into
+    the ledger (``pending_reason``), whose JSON encoder refuses the surrogate-escaped name: the fire dies
+    with "unexpected error: TypeError: str is not valid UTF-8", no entry for the cycle, and the next fire
+    records it ``crashed``, retries the item and dies the same way (the same with a refusal under
+    ``max_file_mb``). What must hold: the cycle is recorded (pending, with a reason that shows the name
+    escaped) and the fire ends normally; the operator's file is untouched."""
+    name = os.fsencode("caf") + b"\xe9.txt"
+    (env.repo / os.fsdecode(name)).write_bytes(b"v1\n")
+    git(env.repo, "add", "-A")
+    git(env.repo, "commit", "-q", "-m", "a file named in Latin-1")
+    (env.repo / os.fsdecode(name)).write_bytes(b"the operator's edit\n")
+    env.queue(entry("x"))
+    mk = f"open({name!r}, 'wb').write(b'the agent\\'s edit\\n')"
+    env.steps([{"run": [[sys.executable, "-c", mk]], "report": {"result": "improved"}}])
+    r = cli("fire", "--cycles", "1")
+    assert r.code == 0 and not r.error_lines(), r.error_lines()
+    e = env.ledger()[-1]
+    assert e["result"] == "pending" and "caf" in e["pending_reason"], e
+    assert (env.repo / os.fsdecode(name)).read_bytes() == b"the operator's edit\n"
