@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pyfixture
 from support import Env, entry, git, improved_step
 
 
@@ -426,3 +427,31 @@ def test_a_path_that_is_not_utf8_in_a_landing_reason_is_recorded_not_a_crash(env
     e = env.ledger()[-1]
     assert e["result"] == "pending" and "caf" in e["pending_reason"], e
     assert (env.repo / os.fsdecode(name)).read_bytes() == b"the operator's edit\n"
+
+
+def test_a_make_gate_that_runs_the_pytest_entry_point_is_not_judged_as_python_dash_m(env: Env, cli) -> None:
+    """Item 1: the usual set-up (a venv in the checkout, the project installed editable, the venv first on
+    PATH), a flat layout, and the gate the project documents: ``make test``, whose recipe runs ``pytest``.
+    For a task runner the probe asks the PATH's ``python3`` as ``python -m`` would run (``sys.path[0]`` the
+    worktree), finds ``mypkg`` in the worktree and lets the fire go on; but the recipe starts the
+    ``pytest`` entry point, whose ``sys.path[0]`` is the venv's ``bin``, so ``import mypkg`` is the
+    checkout's copy (through the editable install). The agent's broken ``verify_signature`` is tested
+    against the operator's good code, is green, and lands on ``main``. The probe claims to err "in the
+    safe direction: a gate it cannot place refuses"; here it placed it wrong. What must hold: a broken
+    change never lands green: the fire refuses (exit 78) a gate whose imports it cannot know, or the gate
+    exercises the worktree's code."""
+    bin_dir = pyfixture.operator_venv(env.repo, "flat")
+    (env.repo / "Makefile").write_text("test:\n\tpytest -q -p no:cacheprovider\n")
+    git(env.repo, "add", "-A")
+    git(env.repo, "commit", "-q", "-m", "the project")
+    tip = head(env.repo)
+    env.write_config(gate={"commands": [["make", "test"]]})
+    env.queue(entry("simplify verify_signature"))
+    env.steps([{"write": [{"path": "mypkg/__init__.py", "content": pyfixture.BROKEN}],
+                "report": {"result": "improved", "summary": "verify_signature simplified"}}])
+    path = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', os.defpath)}"
+    r = cli("fire", "--cycles", "1", extra_env={"PATH": path})
+    landed = git(env.repo, "show", "main:mypkg/__init__.py")
+    assert landed != pyfixture.BROKEN, (f"the broken change landed ({[e['result'] for e in env.ledger()]}, "
+                                        f"exit {r.code})")
+    assert head(env.repo) == tip or r.code == 78
