@@ -455,3 +455,31 @@ def test_a_make_gate_that_runs_the_pytest_entry_point_is_not_judged_as_python_da
     assert landed != pyfixture.BROKEN, (f"the broken change landed ({[e['result'] for e in env.ledger()]}, "
                                         f"exit {r.code})")
     assert head(env.repo) == tip or r.code == 78
+
+
+def test_a_landing_settled_after_a_death_is_pushed(env: Env, cli) -> None:
+    """Item 3: with ``[git] push = true`` the fire dies right after the landing moved ``main`` (crash point
+    ``land.moved``: before the push). The next fire settles the landing from the intent (``improved``,
+    ``recovered: landing``) but never pushes it: ``push.json`` has no record of it, so nothing is retried,
+    no push failure shows in ``status`` or the metrics, and the landed commit stays unpublished until some
+    later landing on ``main`` happens to carry it. What must hold: what landed is pushed where it landed,
+    also when the landing is settled by recovery; until it is, status says so and a fire retries."""
+    remote = env.root / "remote.git"
+    git(env.root, "init", "-q", "--bare", str(remote))
+    git(env.repo, "remote", "add", "origin", str(remote))
+    git(env.repo, "push", "-q", "origin", "main")
+    env.write_config(git={"push": True})
+    env.queue(entry("once"))
+    env.steps([improved_step(path="once.txt", content="once\n")])
+    r = cli("fire", "--cycles", "1", extra_env={"EVOLVE_CRASHPOINT": "land.moved"})
+    assert r.code == -signal.SIGKILL, r.stderr
+    landed = head(env.repo, "main")
+    env.steps([{"report": {"result": "unchanged", "summary": "nothing"}}])
+    for _ in range(2):
+        r = cli("fire", "--cycles", "1")
+        assert r.code == 0, r.stderr
+    first = env.ledger()[0]
+    assert (first["result"], first.get("recovered"), first["sha"]) == ("improved", "landing", landed), first
+    status = cli("status")
+    assert head(remote, "refs/heads/main") == landed or "push" in status.stdout, \
+        f"landed {landed[:12]} is not on the remote and status says nothing: {status.stdout[:300]}"
