@@ -483,3 +483,27 @@ def test_a_landing_settled_after_a_death_is_pushed(env: Env, cli) -> None:
     status = cli("status")
     assert head(remote, "refs/heads/main") == landed or "push" in status.stdout, \
         f"landed {landed[:12]} is not on the remote and status says nothing: {status.stdout[:300]}"
+
+
+def test_a_pending_item_s_claim_is_not_a_plain_in_progress_that_another_reader_takes_over(env: Env, cli) -> None:
+    """Item 8: "an item whose change is pending keeps a claim of its own that no one takes over (not a plain
+    ``in_progress`` that expires)". The queue is shared (other v1.4 tools read it; so does a second evolve
+    given the same ``EVOLVE_NEXTWORK``), but what it holds for a pending item is a plain ``in_progress``
+    claim with the cycle's ``claimed_at``: only this evolve's own ``pending.json`` protects it. Two hours
+    later any reader with the stale-claim rule (here: evolve's own v1.4 reader, as another instance would
+    run it) finds the claim stale, selects the item and takes it over, and the item is done twice (its
+    first change still waits to land). What must hold: the pending item's claim, as the queue says it, is
+    one no reader takes over while the work waits."""
+    import time
+
+    from evolve.work.harvested import HarvestedQueue
+
+    (env.repo / "x.txt").write_text("the operator's scratch file\n")
+    env.queue(entry("x"))
+    env.steps([improved_step(path="x.txt", content="x\n")])
+    r = cli("fire", "--cycles", "1")
+    assert r.code == 0, r.stderr
+    assert env.ledger()[-1]["result"] == "pending"
+    later = HarvestedQueue(env.paths.nextwork, claim_visibility_s=3600, clock=lambda: time.time() + 7200)
+    taken = [w for w in later.candidates() if w.title == "x"]
+    assert not taken, f"the pending item is selectable again for another reader: {taken[0].data}"
