@@ -507,3 +507,24 @@ def test_a_pending_item_s_claim_is_not_a_plain_in_progress_that_another_reader_t
     later = HarvestedQueue(env.paths.nextwork, claim_visibility_s=3600, clock=lambda: time.time() + 7200)
     taken = [w for w in later.candidates() if w.title == "x"]
     assert not taken, f"the pending item is selectable again for another reader: {taken[0].data}"
+
+
+def test_max_file_mb_holds_for_every_commit_that_lands_not_only_the_last(env: Env, cli) -> None:
+    """Item 12: ``[git] max_file_mb`` is checked on the chain's last tree only. An agent that commits a
+    1.5 MB dump (over a 1 MB limit) and then ``git rm``s it in a second commit of the same cycle lands both
+    commits: the large blob is in ``main``'s history for good (and pushed with ``[git] push``: a
+    100 MB file there makes every later push fail until the operator rewrites history). What must hold:
+    no commit that lands adds or grows a file past the limit (refused, kept unlanded, with the reason)."""
+    start = head(env.repo)
+    env.write_config(git={"max_file_mb": 1})
+    env.queue(entry("analyse"))
+    env.steps([{"write": [{"path": "dump.bin", "content": "x" * 1_500_000}],
+                "run": [["git", "add", "dump.bin"], ["git", "commit", "-q", "-m", "agent: the dump"],
+                        ["git", "rm", "-q", "dump.bin"], ["git", "commit", "-q", "-m", "agent: dump removed"],
+                        [sys.executable, "-c", "open('findings.txt', 'w').write('what the dump showed')"]],
+                "report": {"result": "improved"}}])
+    r = cli("fire", "--cycles", "1")
+    assert r.code == 0, r.stderr
+    big = [c for c in git(env.repo, "rev-list", f"{start}..main").split()
+           if subprocess.run(["git", "cat-file", "-e", f"{c}:dump.bin"], cwd=env.repo).returncode == 0]
+    assert not big, f"a 1.5 MB file is in main's history ({env.ledger()[-1]['result']}): {big}"
