@@ -306,8 +306,8 @@ def test_what_the_gate_judged_is_what_lands_even_when_a_new_file_matches_gitigno
 SLOW_SMUDGE = r'''
 import os, sys, time
 data = sys.stdin.buffer.read()
-if sys.argv[1] == "smudge" and os.getcwd() == {repo!r} and sys.argv[2] == "b.dat":
-    open({marker!r}, "w").write(str(os.getppid()))  # git, mid-checkout in the operator's checkout
+if sys.argv[1] == "smudge" and os.getcwd() == {repo!r} and sys.argv[2] == "b.dat" and not os.path.exists({marker!r}):
+    open({marker!r}, "w").write(str(os.getppid()))  # git, mid-checkout in the operator's checkout (once)
     time.sleep(120)
 sys.stdout.buffer.write(data)
 '''

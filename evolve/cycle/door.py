@@ -85,7 +85,8 @@ def _carry(ctx: FireContext, tree: Path, start: str, cycle: int, out: Carried) -
         dest = repo / rel
         base = _at(tree, start, rel)
         theirs = _read_plain(dest) if dest.is_file() and not dest.is_symlink() else None
-        if os.path.lexists(dest) and theirs != base and theirs != data:
+        deleted = base is not None and not os.path.lexists(dest)  # the operator removed it: that stands
+        if deleted or (os.path.lexists(dest) and theirs != base and theirs != data):
             dest = dest.with_name(f"{dest.name}.evolve-{cycle}")
             out.beside.append(rel)
         elif theirs == data:

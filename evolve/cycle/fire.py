@@ -262,7 +262,7 @@ class Fire:
         error = None
         try:
             ws = workspace.open_workspace(
-                self.paths.repo, self.paths, self.cfg.git, self.gate.git_policy, self.log, regate=self.gate.red_reason,
+                self.paths.repo, self.paths, self.cfg.git, self.gate.git_policy, self.log, regate=self.gate.regate,
             )
             ws.prepare(self.ledger.last_cycle())
         except (gitrun.GitError, OSError) as exc:

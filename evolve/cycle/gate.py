@@ -25,6 +25,7 @@ from evolve.cycle.publish import Publisher
 from evolve.cycle.workspace import InPlace, Isolated, Land, Start, Workspace
 from evolve.git import change as gitchange
 from evolve.git import filters as gitfilters
+from evolve.git import land
 from evolve.git import refs as gitrefs
 from evolve.git import run as gitrun
 from evolve.paths import Paths
@@ -128,6 +129,7 @@ class Gate:
         self.log = log
         self.env = env or {}
         self.git_policy = gitrun.GitPolicy(run_hooks=cfg.git.run_hooks, sign=cfg.git.sign, timeout_s=cfg.git.timeout_s)
+        self._cycle_goals: tuple[Any, dict[str, Any]] | None = None  # for a replay's re-gate: (source, pre)
         self.publisher: Publisher | None = Publisher(paths.repo, paths.push_state, cfg.land.remote, cfg.git.push,
                                                      self.git_policy, log)
         # Run before the commands, where they run: the worktree's setup when an input changed (a Red if it fails).
@@ -171,6 +173,13 @@ class Gate:
             self.log.error("gate.off_line", cycle=cycle, detail=off)
             return CycleResult.FAILED, {**extra, **self._refuse(cycle, ws, start, off), **goal_fields(pre)}
         touched = (gitchange.dirty_paths(tree) - start.dirty_before) | gitchange.changed_since(tree, start.sha)
+        if report.result in SUCCESS:
+            # The gate judges the tree that lands: ignored files the cycle made cannot be committed (§8.3).
+            dropped = ws.drop_new_ignored(start)
+            if dropped:
+                self.log.warning("gate.ignored_dropped", cycle=cycle, paths=[land.shown(p) for p in dropped[:20]],
+                                 why="git-ignored, so never committed: the gate must not see them")
+                extra["ignored_dropped"] = [land.shown(p) for p in dropped[:20]]
         red = self.run_commands(tree, stop) if report.result in SUCCESS else None
         if _stopped(stop):
             return self.interrupted(cycle, ws, start, "gate")
@@ -206,7 +215,11 @@ class Gate:
                 "goals_regressed": lost,
                 **goal_fields(pre),
             }
-        landed = self._land(cycle, ws, start, replace(held or Held(cycle=cycle), result=str(result)), stop)
+        self._cycle_goals = (goals, pre) if goals is not None and pre is not None else None
+        try:
+            landed = self._land(cycle, ws, start, replace(held or Held(cycle=cycle), result=str(result)), stop)
+        finally:
+            self._cycle_goals = None
         if landed is not None and landed[0] is not None:
             return landed[0], {**extra, **landed[1], **goal_fields(pre)}
         if landed is not None:
@@ -344,9 +357,31 @@ class Gate:
         return {"gate_output": r.text(excerpt(shown[0].output)), "run_log": str(log_path)}
 
     def red_reason(self, cwd: Path, stop: threading.Event | None = None) -> str | None:
-        """The gate commands again in ``cwd`` (commits replayed onto a moved branch, §8.3): why red, or None."""
+        """The gate commands again in ``cwd``: why red, or None."""
         red = self.run_commands(cwd, stop)
         return red.detail if red else None
+
+    def regate(self, tree: Path, base: str, stop: threading.Event | None = None) -> str | None:
+        """The whole gate again on commits replayed onto ``base`` (the operator's moved branch, §8.3): the
+        commands, the filters the new tree declares (plaintext never lands in a filtered path), and, for a
+        cycle's own landing, the goals that passed before it. Why red, or None."""
+        red = self.run_commands(tree, stop)
+        if red is not None:
+            return red.detail
+        paths = gitchange.changed(tree, base, "HEAD")
+        refused = gitfilters.refusal(tree, paths, base)
+        if refused:
+            return refused
+        raw = gitfilters.unfiltered(tree, paths)
+        if raw:
+            return (f"{land.paths_text(raw)}: filtered on the moved branch (.gitattributes), but the change stores "
+                    "it unfiltered: it would land as plaintext; redo it on the new branch")
+        if self._cycle_goals is not None and not (stop is not None and stop.is_set()):
+            goals, pre = self._cycle_goals
+            lost = goal_regressions(pre, goals.measure_post())
+            if lost:
+                return "goal regressed after the replay: " + ", ".join(lost)
+        return None
 
     def run_commands(self, cwd: Path | None = None, stop: threading.Event | None = None) -> Red | None:
         """The first red gate command (its one-line reason and output tail), or None when all are green.

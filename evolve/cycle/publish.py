@@ -58,6 +58,15 @@ def failing(path: Path) -> list[PushState]:
     return [s for s in read_states(path).values() if not s.ok]
 
 
+def mark_unpushed(path: Path, branch: str, sha: str, remote: str) -> None:
+    """A landing made without a push (settled after a death): the next fire's retry publishes it."""
+    states = read_states(path)
+    states[branch] = PushState(branch, sha, remote, False, "landed by a fire that died before it pushed", 0,
+                               utc_iso())
+    write_json(path, redact.current().json(
+        {"version": 1, "branches": {b: s.as_json() for b, s in sorted(states.items())}}))
+
+
 class Publisher:
     def __init__(self, repo: Path, state: Path, remote: str, enabled: bool, policy: GitPolicy, log: Any) -> None:
         self.repo, self.state, self.remote, self.enabled = repo, state, remote, enabled

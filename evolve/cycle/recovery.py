@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from evolve.cycle import pending, reconcile
+from evolve.cycle import pending, publish, reconcile
 from evolve.cycle.context import FireContext
 from evolve.cycle.entry import base_entry
 from evolve.cycle.transition import ClaimAction
@@ -21,7 +21,7 @@ from evolve.git import refs as gitrefs
 from evolve.git.run import GitError
 from evolve.procgroup import FIRE_TAG, group_alive, kill_group, tagged_groups
 from evolve.results import CycleResult
-from evolve.store.atomic import sweep_temps
+from evolve.store.atomic import read_json, sweep_temps
 from evolve.store.records import ClaimedWork, FireRecord
 from evolve.timeutil import utc_iso
 from evolve.work.item import SourceError, WorkItem
@@ -133,6 +133,8 @@ def _recovered_landed(ctx: FireContext, intent: pending.Intent, chains: dict[str
         if ctx.ledger.last_cycle() < cur.cycle:
             _log_recovered(ctx, cur, CycleResult.IMPROVED, {"sha": cur.sha, "landed": True})
         ctx.log.warning("reconcile.landed", cycle=cur.cycle, sha=cur.sha, branch=intent.branch)
+    if ctx.cfg.git.push:  # published like any landing: the fire's retry pushes it (§8.3)
+        publish.mark_unpushed(ctx.paths.push_state, intent.branch, intent.new, ctx.cfg.land.remote)
 
 
 def _recovered_held(ctx: FireContext, intent: pending.Intent, chains: dict[str, pending.Chain]) -> None:
@@ -179,6 +181,11 @@ def _log_crashed(ctx: FireContext, cycle: int, fire: FireRecord, claimed: Claime
         fire_id=fire.fire_id,
     )
     entry.update(error_class="crashed", crashed_fire_pid=fire.pid)
+    # Where the dead cycle started (cycle-state.json says, if it got that far): its set-aside work is
+    # measured from there, never from a fork point below a commit the operator dropped since.
+    cs = read_json(ctx.paths.cycle_state)
+    if isinstance(cs, dict) and cs.get("cycle") == cycle and isinstance(cs.get("cycle_start_sha"), str):
+        entry["cycle_start_sha"] = cs["cycle_start_sha"]
     ctx.ledger.append(entry)
     ctx.state.last_logged_cycle = cycle
     ctx.state.last_result = str(CycleResult.CRASHED)

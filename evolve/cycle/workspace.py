@@ -18,6 +18,9 @@ with the old rules: the cycle's own paths are restored on red, the operator's di
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
+import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -32,14 +35,15 @@ from evolve.git import change as gitchange
 from evolve.git import gitdir, land, landing, worktree
 from evolve.git import refs as gitrefs
 from evolve.git.land import Step
-from evolve.git.run import GitError, GitPolicy, git, run_git
+from evolve.git.run import GitError, GitPolicy, git, identity, run_git
 from evolve.paths import Paths
 from evolve.timeutil import utc_iso
 
 LAND_ATTEMPTS = 3
 INTERRUPTED_REF = gitrefs.ROOT + "interrupted/"  # a killed or interrupted cycle's edits, kept for the operator
 
-Regate = Callable[[Path, threading.Event | None], str | None]
+# The gate again after a replay: (the worktree, the new base it was replayed onto, the stop) -> why red, or None.
+Regate = Callable[[Path, str, threading.Event | None], str | None]
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,7 @@ class Start:
     dirty_before: frozenset[str] = frozenset()
     branch: str = ""
     refs: tuple[str, ...] = ()
+    ignored: frozenset[str] = frozenset()  # git-ignored entries already there (caches, setup's output)
 
 
 def start_of(tree: Path) -> Start:
@@ -122,6 +127,9 @@ class InPlace:
 
     def after_agent(self, start: Start) -> str:
         return ""
+
+    def drop_new_ignored(self, start: Start) -> list[str]:
+        return []  # the operator's checkout: never touched
 
     def undo(self, start: Start) -> None:
         gitchange.restore_cycle(self.repo, start.sha, set(start.dirty_before), self.policy)
@@ -275,7 +283,32 @@ class Isolated:
         s = start_of(self.tree)
         values = tuple(sorted({line.split(" ", 1)[0] for line in git(
             self.repo, "for-each-ref", "--format=%(objectname) %(refname)").splitlines() if line}))
-        return replace(s, branch=self.branch, refs=values)
+        return replace(s, branch=self.branch, refs=values, ignored=frozenset(_ignored(self.tree)))
+
+    def drop_new_ignored(self, start: Start) -> list[str]:
+        """Remove the git-ignored files and directories the cycle made, before the gate runs.
+
+        The commit can never hold them, so a gate that saw them would judge a tree that does not land (a
+        new ``lib/helpers.py`` under a ``lib/`` rule, imported by the change: green here, broken on the
+        branch). What was ignored already when the cycle began (caches, a venv setup made, the links)
+        stays, and so does anything inside it. Never follows a link.
+        """
+        gone: list[str] = []
+        for entry in sorted(_ignored(self.tree) - start.ignored):
+            rel = entry.rstrip("/")
+            if not rel or gitchange.is_internal(rel) or ".." in rel.split("/"):
+                continue
+            target = self.tree / rel
+            try:
+                if target.is_dir() and not target.is_symlink():
+                    shutil.rmtree(target)
+                elif os.path.lexists(target):
+                    target.unlink()
+            except OSError as exc:
+                self.log.warning("gate.ignored_not_removed", path=land.shown(rel), error=str(exc)[:200])
+                continue
+            gone.append(rel)
+        return gone
 
     def after_agent(self, start: Start) -> str:
         """Detach the worktree if the agent attached it to a branch, and check its HEAD is still on the
@@ -297,7 +330,33 @@ class Isolated:
             shown = land.short_branch(branch) if branch else "another branch"
             return (f"the agent's HEAD carries {ours - new} commit(s) it did not make (it checked out or merged "
                     f"{shown}): only the cycle's own commits may land")
+        self._strip_agents(start.sha, head)
         return ""
+
+    def _strip_agents(self, start: str, head: str) -> None:
+        """The agent's own commits without what they changed under ``.agents/`` (one commit in their place).
+
+        ``.agents/`` is never landed by evolve (its own commits leave it out; a tracked one reaches the
+        operator through ``cycle/door.py``), and a commit that carried it would land into the very files
+        evolve keeps editing in the operator's checkout (its queue claims) or the door just wrote there.
+        """
+        touched = sorted(p for p in gitchange.changed(self.repo, start, head) if gitchange.is_internal(p))
+        if not touched:
+            return
+        ident = identity(self.tree)
+        with tempfile.TemporaryDirectory(prefix="evolve-strip-") as tmp:
+            env = {"GIT_INDEX_FILE": str(Path(tmp) / "index"), **ident}
+            git(self.tree, "read-tree", head, extra_env=env)
+            git(self.tree, "reset", "-q", start, "--", *touched, extra_env=env)
+            snap = git(self.tree, "write-tree", extra_env=env).strip()
+            subject = git(self.tree, "log", "-1", "--format=%s", head).strip()[:200] or "agent commits"
+            message = f"{subject}\n\n(the agent's changes under .agents/ left out: evolve never lands them)\n"
+            base_tree = git(self.tree, "rev-parse", f"{start}^{{tree}}").strip()
+            new = start if snap == base_tree else git(self.tree, "commit-tree", snap, "-p", start, "-m", message,
+                                                      extra_env=env).strip()
+        git(self.tree, "update-ref", "--no-deref", "-m", "evolve: .agents/ left out", "HEAD", new)
+        git(self.tree, "reset", "-q", new, "--", *touched)  # the index agrees; the files stay as the agent left
+        self.log.info("workspace.agents_left_out", paths=len(touched), sha=new)
 
     def undo(self, start: Start) -> None:
         if start.sha:
@@ -393,7 +452,14 @@ class Isolated:
                 assert holder is not None
                 ok, why = landing.fast_forward(holder, chain.new, self.policy)
                 if not ok:
-                    return self._hold(kind, chain, f"git refused the fast-forward: {why}")
+                    # git refused, or was stopped half-way (systemd's SIGTERM reaches its group too): what it
+                    # wrote into the operator's checkout is put back first, so nothing is left half-landed.
+                    back = landing.rollback(holder, snap.tip or "", chain.new, snap.holder_locked, self.policy)
+                    if back:
+                        self.log.warning("land.rolled_back", checkout=str(holder), paths=back[:20], count=len(back))
+                    if stop is not None and stop.is_set():
+                        return Landing(Land.INTERRUPTED, chain.new, detail="stopped during the fast-forward")
+                    return self._hold(kind, chain, f"git refused the fast-forward: {why or 'git was stopped'}")
             return self._landed(kind, chain, str(plan.step))
         return self._hold(kind, chain, "the branch kept moving while evolve landed")
 
@@ -405,7 +471,7 @@ class Isolated:
             return self._unlanded(kind, chain, 0, f"{why}, and the commits do not replay onto it")
         if stop is not None and stop.is_set():
             return Landing(Land.INTERRUPTED, chain.new, detail="asked to stop while landing: nothing lands")
-        red = self.regate(self.tree, stop) if self.regate is not None else None
+        red = self.regate(self.tree, tip, stop) if self.regate is not None else None
         if stop is not None and stop.is_set():
             return Landing(Land.INTERRUPTED, chain.new, detail="asked to stop while landing: nothing lands")
         if red:
@@ -473,6 +539,13 @@ def _settled(chain: Chain) -> list[Settled]:
         return [Settled(h, True, h.sha, branch=chain.branch) for h in chain.held]
     return [Settled(h, False, ref=chain.fate_ref or None, detail=chain.reason, branch=chain.branch)
             for h in chain.held]
+
+
+def _ignored(tree: Path) -> set[str]:
+    """The git-ignored entries of ``tree`` as ``git status --ignored=matching`` lists them (an ignored
+    directory once, as ``dir/``, not its contents)."""
+    out = git(tree, "status", "--porcelain=v1", "-z", "--ignored=matching", "--untracked-files=normal")
+    return {rec[3:] for rec in out.split("\0") if rec.startswith("!! ")}
 
 
 def _count(repo: Path, head: str, exclude: list[str]) -> int:

@@ -188,6 +188,27 @@ def _declared(paths: list[str], files: Mapping[str, bytes]) -> dict[str, str]:
         return _check_attr(root / "tree", paths, extra_env=scratch)
 
 
+def unfiltered(tree: Path, paths: Iterable[str], commit: str = "HEAD") -> list[str]:
+    """Paths of ``commit`` that the tree's attributes filter but whose stored blob is not what the filter
+    stores: committed before the attribute existed, then replayed under it (the blob moved as it was).
+
+    The filtered content is what git itself would store now (``hash-object`` reads the checked-out file
+    through the clean filter of the path's attributes); a deterministic filter (git-crypt, LFS) gives
+    back the same blob for a blob that went through it.
+    """
+    present = sorted(p for p in set(paths) if os.path.isfile(tree / p) and not os.path.islink(tree / p))
+    declared = sorted(_check_attr(tree, present)) if present else []
+    if not declared:
+        return []
+    stored: dict[str, str] = {}
+    for rec in git(tree, "ls-tree", "-z", "--full-tree", commit, "--", *declared).split("\0"):
+        meta, sep, path = rec.partition("\t")
+        if sep:
+            stored[path] = meta.split()[2]
+    now = dict(zip(declared, git(tree, "hash-object", "--", *declared).split(), strict=False))
+    return [p for p in declared if p in stored and now.get(p) != stored[p]]
+
+
 def refusal(tree: Path, paths: Iterable[str], base: str | None = None) -> str | None:
     """Why evolve must not commit (or land) ``paths`` from ``tree``, or None: the module's first rule.
     ``base``: the commit the change started from (a ``.gitattributes`` the change edits or removes

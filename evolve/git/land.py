@@ -94,14 +94,20 @@ def short_branch(ref: str) -> str:
     return ref.removeprefix("refs/heads/")
 
 
+def shown(path: str) -> str:
+    """A path as a reason may show it: bytes that are not UTF-8 (kept by git's surrogate escapes) escaped,
+    so the reason can be written to JSON and a terminal."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def paths_text(paths: tuple[str, ...] | list[str]) -> str:
-    shown = ", ".join(paths[:SHOWN_PATHS])
+    shown_ = ", ".join(shown(p) for p in paths[:SHOWN_PATHS])
     more = len(paths) - SHOWN_PATHS
-    return shown + (f" and {more} more" if more > 0 else "")
+    return shown_ + (f" and {more} more" if more > 0 else "")
 
 
 def too_large_reason(files: tuple[tuple[str, int], ...], limit_mb: float) -> str:
-    listed = ", ".join(f"{p} ({n / 1e6:.1f} MB)" for p, n in files[:SHOWN_PATHS])
+    listed = ", ".join(f"{shown(p)} ({n / 1e6:.1f} MB)" for p, n in files[:SHOWN_PATHS])
     more = len(files) - SHOWN_PATHS
     return (f"the change adds or grows files over [git] max_file_mb = {limit_mb:g}: {listed}"
             + (f" and {more} more" if more > 0 else ""))

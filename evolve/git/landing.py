@@ -88,15 +88,50 @@ def _sizes(repo: Path, commit: str, paths: list[str]) -> dict[str, int]:
 
 
 def too_large(repo: Path, base: str, new: str, limit_mb: float) -> tuple[tuple[str, int], ...]:
-    """Files ``base..new`` adds or grows past ``limit_mb`` (0: no limit)."""
+    """Files any commit of ``base..new`` adds or grows past ``limit_mb`` (0: no limit).
+
+    Every commit, not only the last tree: a dump committed and then removed again would still land in
+    the branch's history (and be pushed with it).
+    """
     if not limit_mb:
         return ()
-    paths = sorted(changed(repo, base, new))
-    if not paths:
-        return ()
-    after, before = _sizes(repo, new, paths), _sizes(repo, base, paths)
+    out = git(repo, "log", "--raw", "--no-abbrev", "--no-renames", "--format=", "-z", f"{base}..{new}")
+    pairs: set[tuple[str, str, str]] = set()  # (path, old blob, new blob) of every add or change
+    fields = out.split("\0")
+    i = 0
+    while i + 1 < len(fields):
+        meta = fields[i].strip()
+        if not meta.startswith(":"):  # between commits
+            i += 1
+            continue
+        path, parts = fields[i + 1], meta[1:].split()
+        i += 2
+        if len(parts) >= 5 and parts[4][:1] in "AMT" and set(parts[3]) != {"0"}:
+            pairs.add((path, parts[2], parts[3]))
+    shas = sorted({o for _, o, _ in pairs} | {n for _, _, n in pairs})
+    sizes = _object_sizes(repo, shas)
     limit = limit_mb * 1e6
-    return tuple((p, n) for p, n in sorted(after.items()) if n > limit and n > before.get(p, -1))
+    found: dict[str, int] = {}
+    for path, o, n in pairs:
+        size = sizes.get(n, 0)
+        if size > limit and size > sizes.get(o, -1):
+            found[path] = max(found.get(path, 0), size)
+    return tuple(sorted(found.items()))
+
+
+def _object_sizes(repo: Path, shas: list[str]) -> dict[str, int]:
+    """Object sizes by sha, asked of git on its stdin (``cat-file --batch-check``); missing ones left out."""
+    real = [s for s in shas if s and set(s) != {"0"}]
+    if not real:
+        return {}
+    proc = run_git(repo, "cat-file", "--batch-check=%(objectname) %(objectsize)",
+                   input="".join(f"{s}\n" for s in real).encode())
+    sizes: dict[str, int] = {}
+    for line in proc.stdout.splitlines():
+        sha, _, size = line.partition(" ")
+        if size.isdigit():
+            sizes[sha] = int(size)
+    return sizes
 
 
 def in_the_way(checkout: Path, paths: dict[str, bool]) -> tuple[str, ...]:
@@ -221,6 +256,34 @@ def _blobs(repo: Path, commit: str, paths: list[str]) -> dict[str, str]:
     return blobs
 
 
+def rollback(checkout: Path, old: str, new: str, had_lock: bool, policy: GitPolicy = SAFE) -> list[str]:
+    """Undo what a fast-forward that just failed in the operator's checkout did to it (a stop, a kill of
+    git's group): every path the landing writes was clean (at ``old``) when git started, so each that is
+    not at ``old`` now is put back (new files removed), its index entry too, and the ``index.lock`` our
+    git left (``had_lock``: one existed before it ran, then it is not ours) removed. The paths put back."""
+    if not had_lock and not git_running_in(checkout):
+        lock = index_lock(checkout)
+        if lock is not None and os.path.lexists(lock):
+            lock.unlink()
+    paths = sorted(changed(checkout, old, new))
+    found = versions(checkout, old, new, paths)
+    touched = [p for p in paths if found.get(p) != Version.OLD]
+    if not touched:
+        return []
+    in_old = _tree_paths(checkout, old, touched)
+    with tempfile.TemporaryDirectory(prefix="evolve-rollback-") as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        git(checkout, "read-tree", old, extra_env=env)
+        back = [p for p in touched if p in in_old]
+        if back:
+            git(checkout, "checkout-index", "-f", "-q", "--", *back, extra_env=env, policy=policy)
+    for p in touched:
+        if p not in in_old and os.path.lexists(checkout / p) and not os.path.isdir(checkout / p):
+            (checkout / p).unlink()
+    run_git(checkout, "reset", "-q", old, "--", *touched, policy=policy)
+    return touched
+
+
 def finish(checkout: Path, branch: str, old: str, new: str, policy: GitPolicy = SAFE) -> str:
     """Finish a fast-forward from ``old`` to ``new`` that a death cut short; "" when done, else why not.
 
@@ -236,6 +299,14 @@ def finish(checkout: Path, branch: str, old: str, new: str, policy: GitPolicy = 
     paths = sorted(changed(checkout, old, new))
     if tip not in (old, new):
         return f"{land.short_branch(branch)} moved since the landing was cut off; nothing touched"
+    on = run_git(checkout, "symbolic-ref", "-q", "HEAD").stdout.strip()
+    if on != branch:
+        # The operator switched branch since: whatever git did there, their checkout's files and index
+        # are now another branch's (git's own checkout put them so), and are theirs to keep.
+        if tip == old and run_git(checkout, "update-ref", "-m", "evolve: land (finished)", branch, new,
+                                  old).returncode != 0:
+            raise GitError(f"cannot move {branch} to {new[:12]}")
+        return ""
     found = versions(checkout, old, new, paths)
     edited = sorted(p for p, v in found.items() if v == Version.OTHER)
     if edited:

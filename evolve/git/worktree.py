@@ -77,6 +77,9 @@ def ensure(repo: Path, path: Path, base: str, policy: GitPolicy = SAFE, *, adopt
     path is one an older evolve made; it is marked now.
     """
     admin = _admin_dir(path)
+    if admin is not None and admin.parent.resolve() != (common_dir(repo) / "worktrees").resolve():
+        raise GitError(f"{path} is another repository's git worktree; set [git] worktree_dir to a path of this "
+                       "repository's own (one worktree_dir shared by several repositories never works)")
     if admin is not None and not (admin / OWNED).exists():
         attached = _attached_branch(path)
         if attached or not adopt:
@@ -98,7 +101,7 @@ def ensure(repo: Path, path: Path, base: str, policy: GitPolicy = SAFE, *, adopt
     # Made without a checkout, marked and given git-crypt's keys, then checked out through the filters.
     git(repo, "worktree", "add", "-q", "--no-checkout", "--detach", str(path), base, policy=policy)
     made = _admin_dir(path)
-    if made is None:
+    if made is None or made.parent.resolve() != (common_dir(repo) / "worktrees").resolve():
         raise GitError(f"git made no worktree at {path}")
     (made / OWNED).write_text("made by evolve for its agent (docs/DESIGN.md §8.3)\n", encoding="utf-8")
     try:
@@ -120,7 +123,8 @@ def _link_crypt_keys(repo: Path, admin: Path) -> None:
 
 
 def _admin_dir(path: Path) -> Path | None:
-    """The worktree's admin dir when ``path`` is one of this repository's linked worktrees, else None."""
+    """The worktree's admin dir (``<common dir>/worktrees/<name>``) when ``path`` is a linked worktree, else
+    None; whose repository it belongs to is the caller's question (the admin dir's parent)."""
     if path.is_symlink() or not (path / ".git").is_file():
         return None
     text = (path / ".git").read_text(encoding="utf-8", errors="replace").strip()
