@@ -4,7 +4,8 @@ The gate runs in evolve's worktree, but what a command *imports* is decided by i
 ``sys.path`` and whatever is installed there: with the usual venv in the operator's checkout and the
 project installed editable, ``import mypkg`` finds the checkout's ``src/``, so the gate judges the
 operator's code, not the agent's. These rules say, for each gate command, what it starts (the
-interpreter, ``sys.path[0]``, the module), which names the project's own code goes by, where each
+interpreter, ``sys.path[0]``, the module; for a command that hides it, such as ``make test``, the ways
+it might start Python, each asked: :func:`ways`), which names the project's own code goes by, where each
 resolved (``worktree``, ``checkout``, ``elsewhere``, ``missing``) and, when that is not the worktree,
 the one-line problem and the exact ``[workspace]`` fix. The shell (:mod:`evolve.cycle.sees`) gathers
 the snapshot (a PATH lookup, a ``#!`` line, a directory listing, one interpreter run) and applies the
