@@ -390,8 +390,7 @@ class Sees:
         self.facts = tree_facts(tree)
         self.node = node_facts(tree, repo)
         self.names = probe.import_names(self.facts) if self.facts.python_project or self.facts.src else []
-        pytest = which("pytest")
-        found = probe.classify(["pytest"], which, _head) if pytest and self.names else None
+        found = probe.classify(["pytest"], which, _head) if self.names else None  # the PATH's pytest
         with_companions: list[probe.Launch] = []
         for la in self.launches:
             with_companions.append(la)
