@@ -180,6 +180,89 @@ def test_with_setup_a_good_change_lands(env: Env, cli, layout, gate) -> None:
     assert [x["event"] for x in r.events() if x["event"] in ("workspace.setup", "workspace.probed")] == []
 
 
+# -- opaque gates: a shell, make (what they start is not seen) -----------------------------------------
+
+MAKEFILE = "test:\n\tpytest -q -p no:cacheprovider\n"  # the recipe runs the pytest entry point
+
+
+def no_pytest_setup() -> dict:
+    """A worktree venv with the project installed from it but no ``pytest`` console script in its bin."""
+    cfg = setup_cfg(["make", "test"])
+    return {**cfg, "setup": [cfg["setup"][0][:-1], cfg["setup"][1]]}
+
+
+def test_a_shell_gate_is_asked_both_ways_and_refused_when_the_entry_point_imports_the_checkout(env: Env, cli) -> None:
+    """``["bash", "-c", "pytest ..."]`` (the argv form of shell syntax evolve's own messages suggest), flat
+    layout, the checkout's editable venv first on PATH. What the shell starts is not seen, so the PATH's
+    python is asked as ``python -m`` would run (the worktree first: its mypkg) and as an entry point would
+    (no cwd: the checkout's mypkg, through the editable install): the second refuses before any claim."""
+    bin_dir = python_repo(env, "flat")
+    env.write_config(gate={"commands": [["bash", "-c", "pytest -q -p no:cacheprovider"]]})
+    env.queue(entry("simplify verify_signature"))
+    env.steps([breaks("flat")])
+    tip, before = head(env.repo), snapshot(env.repo)
+    r = cli("fire", "--cycles", "1", extra_env={"PATH": path_with(bin_dir)})
+    assert r.code == 78, (r.stderr[-2000:], [e["result"] for e in env.ledger()])
+    (failed,) = [e for e in r.events() if e["event"] == "preflight.failed"]
+    line = failed["error"]
+    assert failed["check"] == "gate" and line.startswith("""gate command "bash -c 'pytest -q -p no:cacheprovider'": """)
+    assert f"imports mypkg from your checkout ({env.repo / 'mypkg' / '__init__.py'}), not the worktree" in line
+    assert "when run as an entry-point script such as `pytest` runs" in line and "cannot see what" in line
+    assert '"install", "-e", ".", "pytest"]]' in failed["fix"] and 'path = [".venv/bin"]' in failed["fix"]
+    assert '["python", "-m", "pytest"]' in failed["fix"]  # as python -m runs it, the worktree is first
+    assert env.calls() == [] and env.ledger() == []
+    assert live(env.paths.nextwork)[0]["claim_status"] == "available"
+    assert head(env.repo) == tip and snapshot(env.repo) == before
+    rec = orjson.loads((env.paths.evolve_dir / "workspace-probe.json").read_bytes())
+    (row,) = rec["sees"]["commands"]
+    assert {w: row["ways"][w]["mypkg"]["place"] for w in row["ways"]} == {"cwd": "worktree", "entry": "checkout"}
+    assert row["imports"]["mypkg"]["place"] == "checkout"  # the worst way is what doctor shows
+    assert_git_clean(env)
+
+
+def test_a_make_gate_is_judged_by_the_path_s_pytest_too_and_the_named_fix_works(env: Env, cli) -> None:
+    """``make test`` whose recipe runs ``pytest``; the worktree has its own venv (first on PATH) with the
+    project installed, but without a ``pytest`` script: the recipe's ``pytest`` is the checkout venv's, next
+    on PATH, which tests the checkout's code. Asking only the PATH's python (the worktree's, right both ways)
+    would let the broken change land green; the PATH's pytest is asked as itself and refuses. With the fix
+    evolve names (pytest in the worktree's venv) the broken change is red and a good one lands."""
+    bin_dir = python_repo(env, "flat")
+    (env.repo / "Makefile").write_text(MAKEFILE)
+    git(env.repo, "add", "Makefile")
+    git(env.repo, "commit", "-q", "-m", "make test")
+    env.write_config(gate={"commands": [["make", "test"]]}, workspace=no_pytest_setup())
+    env.queue(entry("simplify verify_signature"), entry("add sign", epic="e2"))
+    env.steps([breaks("flat"), adds("flat")])
+    tip, before = head(env.repo), snapshot(env.repo)
+    extra = {"PATH": path_with(bin_dir)}
+    r = cli("fire", "--cycles", "2", extra_env=extra)
+    assert r.code == 78, (r.stderr[-2000:], [e["result"] for e in env.ledger()])
+    (failed,) = [e for e in r.events() if e["event"] == "preflight.failed"]
+    assert failed["error"].startswith(f"gate command 'make test': the pytest on the gate's PATH ({bin_dir / 'pytest'}, "
+                                      f"run by {bin_dir / 'python'}) imports mypkg from your checkout")
+    assert "cannot see whether 'make test' starts it" in failed["error"]
+    assert '"install", "-e", ".", "pytest"]]' in failed["fix"]
+    assert env.calls() == [] and env.ledger() == []
+    assert head(env.repo) == tip and snapshot(env.repo) == before
+    assert_git_clean(env)
+    # the fix it names: the worktree's venv has its own pytest
+    env.write_config(workspace=setup_cfg(["make", "test"]))
+    r = cli("fire", "--cycles", "2", extra_env=extra)
+    assert r.code == 0, r.stderr[-2000:]
+    red, green = env.ledger()
+    assert red["result"] == "regressed" and "test_bad" in red["gate_output"], red
+    assert green["result"] == "improved" and head(env.repo) == green["sha"] != tip, green
+    assert (env.repo / "mypkg" / "__init__.py").read_text() == pyfixture.ADDED
+    assert set(git(env.repo, "show", "--name-only", "--format=", "HEAD").split()) == {"mypkg/__init__.py",
+                                                                                     "tests/test_sign.py"}
+    rec = orjson.loads((env.paths.evolve_dir / "workspace-probe.json").read_bytes())
+    assert rec["problems"] == []
+    (row,) = rec["sees"]["commands"]  # the worktree's venv has a pytest of its own: nothing else to ask
+    assert row["interpreter"].startswith(str(env.tree)) and set(row["ways"]) == {"cwd", "entry"}
+    assert all(w["mypkg"]["place"] == "worktree" for w in row["ways"].values())
+    assert_git_clean(env)
+
+
 # -- npm: node_modules only in the checkout ------------------------------------------------------------
 
 NPM_GATE = ["npm", "test", "--silent"]

@@ -3,6 +3,8 @@ names, what pytest puts on sys.path, where a name resolved, and the problem and 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from evolve.cycle import probe
@@ -13,7 +15,8 @@ PATH = {
     "py.test": "/venv/bin/py.test", "uv": "/usr/bin/uv", "npm": "/usr/bin/npm", "tox": "/usr/bin/tox",
     "make": "/usr/bin/make", "long": "/venv/bin/long", "nodescript": "/opt/bin/nodescript",
     "envscript": "/opt/bin/envscript", "./run.sh": "/t/run.sh", "node": "/usr/bin/node",
-    "ruff": "/venv/bin/ruff", "black": "/venv/bin/black",
+    "ruff": "/venv/bin/ruff", "black": "/venv/bin/black", "bash": "/bin/bash", "env": "/usr/bin/env",
+    "timeout": "/usr/bin/timeout", "invoke": "/venv/bin/invoke",
 }
 HEADS = {
     "/venv/bin/pytest": "#!/venv/bin/python\n# -*- coding: utf-8 -*-\nimport re\nimport sys\n"
@@ -25,6 +28,7 @@ HEADS = {
     "/opt/bin/envscript": "#!/usr/bin/env -S python3 -I\nfrom tool import main\n",
     "/t/run.sh": "#!/bin/bash\nset -e\npytest\n",
     "/venv/bin/black": "#!/venv/bin/python\nimport sys\nfrom black import patched_main\n",
+    "/venv/bin/invoke": "#!/venv/bin/python\nimport sys\nfrom invoke.main import program\n",
 }
 
 
@@ -55,8 +59,17 @@ def classify(argv: list[str]) -> Launch:
     (["npm", "test"], dict(kind="node", program="/usr/bin/npm")),
     (["node", "t.js"], dict(kind="node")),
     (["tox", "-e", "py"], dict(kind="isolating")),
-    (["make", "test"], dict(kind="shell")),
-    (["./run.sh"], dict(kind="shell", program="/t/run.sh")),
+    (["make", "test"], dict(kind="shell", opaque=True)),
+    (["./run.sh"], dict(kind="shell", program="/t/run.sh", opaque=True)),
+    # What these start is not seen: a shell by name, a wrapper, a Python task runner (its tasks go through a
+    # shell, so its own #! line says nothing about them), python -m of one.
+    (["bash", "-c", "pytest -q"], dict(kind="shell", program="/bin/bash", opaque=True, interpreter=None)),
+    (["env", "PYTHONPATH=src", "pytest"], dict(kind="shell", opaque=True)),
+    (["timeout", "600", "pytest"], dict(kind="shell", opaque=True)),
+    (["invoke", "test"], dict(kind="shell", program="/venv/bin/invoke", opaque=True)),
+    (["python", "-m", "invoke", "test"], dict(kind="shell", interpreter="/venv/bin/python", opaque=True)),
+    (["python", "-m", "pytest"], dict(opaque=False)),
+    (["pytest"], dict(opaque=False)),
     (["ruff", "check", "."], dict(kind="other", program="/venv/bin/ruff")),
     (["black", "--check", "."], dict(kind="script", module="black")),
     (["nope"], dict(kind="missing")),
@@ -67,6 +80,11 @@ def classify(argv: list[str]) -> Launch:
     (["uv", "--offline", "run", "--with=pytest", "--", "pytest"],
      dict(kind="uv", uv_args=("--with=pytest",), inner=("pytest",))),
     (["uv", "sync"], dict(kind="other")),
+    (["uv", "run", "pytest"], dict(kind="uv", opaque=False)),
+    (["uv", "run", "make", "test"], dict(kind="uv", opaque=True, path0=None, pytest=False, inner=("make", "test"))),
+    (["uv", "run", "./scripts/test.sh"], dict(kind="uv", opaque=True)),
+    (["uv", "run", "bash", "-c", "pytest"], dict(kind="uv", opaque=True, pytest=False)),
+    (["uv", "run", "python", "-m", "invoke", "test"], dict(kind="uv", opaque=True)),
 ])
 def test_classify_table(argv, want) -> None:
     got = classify(argv)
@@ -148,7 +166,7 @@ def test_a_tool_that_reads_files_gets_a_note_not_a_refusal() -> None:
     ("python", TreeFacts(), True, False),
     ("shell", TreeFacts(python_project=True), True, False),
     ("shell", TreeFacts(package_json=True), False, True),
-    ("shell", TreeFacts(python_project=True, package_json=True), False, False),
+    ("shell", TreeFacts(python_project=True, package_json=True), True, True),  # make may run either: both
     ("other", TreeFacts(python_project=True), False, False),  # a compiled program imports no Python
     ("node", TreeFacts(python_project=True), False, True),
     ("isolating", TreeFacts(python_project=True), False, False),
@@ -184,10 +202,98 @@ def test_python_problems_table(answer, messages) -> None:
     (TreeFacts(requirements=("requirements.txt", "requirements-dev.txt")), PY,
      '[["python3", "-m", "venv", ".venv"], [".venv/bin/pip", "install", "-e", ".", "-r", "requirements-dev.txt"]]'),
     (TreeFacts(uv_lock=True), PY, '[["uv", "sync", "--frozen"]]'),
+    # make test in a Python project: its tests most likely run pytest, which the worktree's venv then needs
+    (TreeFacts(), Launch("make test", "shell", "/usr/bin/make", opaque=True),
+     '[["python3", "-m", "venv", ".venv"], [".venv/bin/pip", "install", "-e", ".", "pytest"]]'),
+    (TreeFacts(), Launch("make test", "shell", "/usr/bin/make"),
+     '[["python3", "-m", "venv", ".venv"], [".venv/bin/pip", "install", "-e", "."]]'),
 ])
 def test_python_fix_table(facts, launch, setup) -> None:
     fix = probe.python_fix(facts, launch, config="C", in_place=False)
     assert fix.startswith(f"in C: [workspace] setup = {setup} and path = [\".venv/bin\"]")
+
+
+MAKE = Launch("make test", "shell", "/usr/bin/make", interpreter="/r/.venv/bin/python3", opaque=True)
+
+
+@pytest.mark.parametrize(("launch", "want"), [
+    (MAKE, (("cwd", ""), ("entry", "@drop"))),  # opaque: as python -m would, and as an entry point would
+    (Launch("uv run make test", "uv", "/usr/bin/uv", opaque=True), (("cwd", ""), ("entry", "@drop"))),
+    (PY, (("", ""),)),  # python -m pytest: only as it runs, the cwd first
+    (Launch("pytest", "script", "/r/.venv/bin/pytest", interpreter="/r/.venv/bin/python", path0="@script"),
+     (("", "@script"),)),
+    (Launch("python -I -m pytest", "python", "/p", interpreter="/p", path0=None), (("", None),)),
+    (Launch("uv run pytest", "uv", "/usr/bin/uv", path0="@bin"), (("", "@bin"),)),
+])
+def test_ways_table(launch, want) -> None:
+    assert probe.ways(launch) == want
+
+
+ENTRY = Launch("pytest", "script", "/r/.venv/bin/pytest", interpreter="/r/.venv/bin/python", module="pytest",
+               path0="@script", pytest=True)
+
+
+@pytest.mark.parametrize(("launch", "found", "via"), [
+    # make asked with the worktree's venv python, but the PATH's pytest is the checkout venv's: ask it too
+    (Launch("make test", "shell", "/usr/bin/make", interpreter=f"{T}/.venv/bin/python3",
+            opaque=True), ENTRY, "pytest"),
+    (MAKE, ENTRY, None),  # the same venv: the entry way already asks it as an entry point
+    (Launch("make test", "shell", "/usr/bin/make", opaque=True), ENTRY, "pytest"),  # no python on PATH at all
+    (replace(MAKE, interpreter="/usr/bin/python3"), replace(ENTRY, kind="other", interpreter=None), None),
+    (PY, ENTRY, None),  # not opaque: what it starts is seen
+    (Launch("uv run make", "uv", "/usr/bin/uv", opaque=True), ENTRY, None),  # uv puts its own venv first
+])
+def test_companion_table(launch, found, via) -> None:
+    got = probe.companion(launch, found)
+    assert (got.via if got else None) == via
+    if got is not None:
+        assert (got.label, got.role, got.kind, got.interpreter, got.pytest) == (launch.label, launch.role, "script",
+                                                                                  ENTRY.interpreter, True)
+
+
+IN_T = {"origin": f"{T}/mypkg/__init__.py"}
+IN_R = {"origin": f"{R}/mypkg/__init__.py"}
+UNSEEN = "evolve cannot see what 'make test' runs, so it must import the worktree's code both ways"
+AS_M = "as `python -m ...` or a script in the worktree runs (the worktree first on sys.path)"
+AS_ENTRY = "as an entry-point script such as `pytest` runs (sys.path[0] its bin directory, not the worktree)"
+CHECKOUT = "imports mypkg from your checkout (/r/mypkg/__init__.py), not the worktree"
+VIA = replace(ENTRY, label="make test", via="pytest")
+
+
+@pytest.mark.parametrize(("launch", "answers", "messages", "place", "alt"), [
+    # the red team's case: flat layout, make runs the pytest entry point: python -m would be right, pytest is not
+    (MAKE, [("cwd", {"spec": {"mypkg": IN_T}}), ("entry", {"spec": {"mypkg": IN_R}})],
+     [f"the gate's interpreter /r/.venv/bin/python3 {CHECKOUT}, when run {AS_ENTRY}; {UNSEEN}"], "checkout", True),
+    (MAKE, [("cwd", {"spec": {"mypkg": IN_R}}), ("entry", {"spec": {"mypkg": IN_T}})],
+     [f"the gate's interpreter /r/.venv/bin/python3 {CHECKOUT}, when run {AS_M}; {UNSEEN}"], "checkout", False),
+    (MAKE, [("cwd", {"spec": {"mypkg": IN_R}}), ("entry", {"spec": {"mypkg": IN_R}})],
+     [f"the gate's interpreter /r/.venv/bin/python3 {CHECKOUT}, either way: run {AS_M} or {AS_ENTRY}"], "checkout",
+     False),
+    (MAKE, [("cwd", {"spec": {"mypkg": IN_T}}), ("entry", {"spec": {"mypkg": None}})],
+     [f"the gate's interpreter /r/.venv/bin/python3 cannot import mypkg at all, when run {AS_ENTRY}; {UNSEEN}"],
+     "missing", True),
+    (MAKE, [("cwd", {"error": "exit 1"}), ("entry", {"error": "exit 1"})],
+     ["cannot ask the gate's interpreter /r/.venv/bin/python3 what it imports: exit 1, either way: run "
+      f"{AS_M} or {AS_ENTRY}"], None, False),
+    (MAKE, [("cwd", {"spec": {"mypkg": IN_T}}), ("entry", {"spec": {"mypkg": IN_T}})], [], "worktree", False),
+    (PY, [("", {"spec": {"mypkg": IN_R, "pytest": {"origin": "/x/pytest.py"}}})],
+     [f"the gate's interpreter /r/.venv/bin/python {CHECKOUT}"], "checkout", False),
+    # the PATH's pytest a make gate may start, from another venv than the python asked both ways
+    (VIA, [("", {"spec": {"mypkg": IN_R, "pytest": None}})],
+     [f"the pytest on the gate's PATH (/r/.venv/bin/pytest, run by /r/.venv/bin/python) {CHECKOUT}; evolve cannot "
+      "see whether 'make test' starts it, so it must import the worktree's code too"], "checkout", False),
+    (VIA, [("", {"spec": {"mypkg": None}})], [], "missing", False),  # it would fail red, not land green
+    (VIA, [("", {"error": "exit 1"})], [], None, False),
+])
+def test_python_verdict_table(launch, answers, messages, place, alt) -> None:
+    problems, seen, by_way = probe.python_verdict(launch, answers, ["mypkg"], TreeFacts(packages=("mypkg",)),
+                                                  tree=T, repo=R, config="C")
+    assert [p.message.split(": ", 1)[1] for p in problems] == messages
+    assert all(p.refuse and p.fix.startswith("in C: [workspace] setup = ") for p in problems)
+    assert all(p.fix.endswith(probe.PROBE_OFF[2:]) for p in problems)
+    assert all(('["python", "-m", "pytest"]' in p.fix) is alt for p in problems)
+    assert (seen["mypkg"]["place"] if seen else None) == place
+    assert sorted(by_way) == sorted(w for w, _ in answers if len(answers) > 1)
 
 
 def test_python_fix_in_place_names_the_path_only() -> None:

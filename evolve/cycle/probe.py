@@ -4,7 +4,8 @@ The gate runs in evolve's worktree, but what a command *imports* is decided by i
 ``sys.path`` and whatever is installed there: with the usual venv in the operator's checkout and the
 project installed editable, ``import mypkg`` finds the checkout's ``src/``, so the gate judges the
 operator's code, not the agent's. These rules say, for each gate command, what it starts (the
-interpreter, ``sys.path[0]``, the module), which names the project's own code goes by, where each
+interpreter, ``sys.path[0]``, the module; for a command that hides it, such as ``make test``, the ways
+it might start Python, each asked: :func:`ways`), which names the project's own code goes by, where each
 resolved (``worktree``, ``checkout``, ``elsewhere``, ``missing``) and, when that is not the worktree,
 the one-line problem and the exact ``[workspace]`` fix. The shell (:mod:`evolve.cycle.sees`) gathers
 the snapshot (a PATH lookup, a ``#!`` line, a directory listing, one interpreter run) and applies the
@@ -29,7 +30,13 @@ MAX_NAMES = 12  # top-level import names probed per project
 
 _PYTHON = re.compile(r"(python|pypy)(\d+(\.\d+)*)?")
 _SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh"})
-_TASK_RUNNERS = frozenset({"make", "gmake", "just", "task", "invoke", "inv", "poe"})
+# Programs that run other commands the probe cannot see: a shell, a task runner (make, or a Python one such
+# as invoke or poe: their tasks go through a shell too), a wrapper that starts its argument.
+_TASK_RUNNERS = frozenset({"make", "gmake", "just", "task", "invoke", "inv", "poe", "doit"})
+_RUNNER_MODULES = frozenset({"invoke", "poethepoet", "doit"})  # ``python -m`` of a task runner
+_WRAPPERS = frozenset({"env", "timeout", "nice", "nohup", "ionice", "stdbuf", "setsid", "xvfb-run", "time", "chrt",
+                       "taskset", "flock"})
+_OPAQUE = _SHELLS | _TASK_RUNNERS | _WRAPPERS
 # Modules that read files rather than import the project: a gate of theirs sees the tree it runs in,
 # so what the interpreter would import is only a note.
 _FILE_TOOLS = frozenset({
@@ -81,6 +88,8 @@ class Launch:
     pytest: bool = False  # pytest's own sys.path rules apply
     uv_args: tuple[str, ...] = ()  # uv run's options, before its command
     inner: tuple[str, ...] = ()  # uv run's command
+    opaque: bool = False  # what it runs is not seen: asked both ways (:func:`ways`)
+    via: str | None = None  # the PATH program an opaque command may start (:func:`companion`)
     role: str = "gate command"  # or "goal check <id>" (GOALS checks run in the worktree too)
 
     def as_json(self) -> dict[str, Any]:
@@ -210,12 +219,21 @@ def _classify(argv: Sequence[str], which: Callable[[str], str | None], head: Cal
         opts, inner = run
         is_pytest = bool(inner) and (os.path.basename(inner[0]) in ("pytest", "py.test")
                                      or (is_python(inner[0]) and parse_python_args(inner[1:])[1] == "pytest"))
-        path0 = "" if inner and is_python(inner[0]) else "@bin"
-        return Launch(text, "uv", program, path0=path0, pytest=is_pytest, uv_args=opts, inner=inner)
+        # uv run of a shell, a task runner or a script file: what that runs is not seen (uv puts its venv's
+        # bin first on PATH, so its python is the one asked, both ways).
+        opaque = not inner or os.path.basename(inner[0]) in _OPAQUE or inner[0].endswith(".sh") or (
+            is_python(inner[0]) and (parse_python_args(inner[1:])[1] or "").split(".")[0] in _RUNNER_MODULES)
+        path0 = None if opaque else "" if is_python(inner[0]) else "@bin"
+        return Launch(text, "uv", program, path0=path0, pytest=is_pytest and not opaque, uv_args=opts, inner=inner,
+                      opaque=opaque)
+    if name in _OPAQUE:  # before the #! line: invoke and poe are Python scripts whose tasks run through a shell
+        return Launch(text, "shell", program, opaque=True)
     if is_python(argv[0]):
         flags, module, script, _code = parse_python_args(argv[1:])
         if module in _ISOLATING:
             return Launch(text, "isolating", program, interpreter=program, flags=flags, module=module)
+        if (module or "").split(".")[0] in _RUNNER_MODULES:
+            return Launch(text, "shell", program, interpreter=program, opaque=True)
         path0: str | None = ""
         if script is not None:
             path0 = os.path.dirname(script) or "."
@@ -234,8 +252,8 @@ def _classify(argv: Sequence[str], which: Callable[[str], str | None], head: Cal
                       path0=None if _isolated(flags) else "@script", pytest=is_pytest)
     if interp is not None and os.path.basename(written or interp) in _NODE:
         return Launch(text, "node", program)
-    if name in _TASK_RUNNERS or (interp is not None and os.path.basename(written or interp) in _SHELLS):
-        return Launch(text, "shell", program)
+    if interp is not None and os.path.basename(written or interp) in _SHELLS:
+        return Launch(text, "shell", program, opaque=True)
     return Launch(text, "other", program)  # a compiled program (ruff, go, cargo): it imports nothing of Python
 
 
@@ -339,6 +357,9 @@ class Problem:
         return asdict(self)
 
 
+PROBE_OFF = "; or [workspace] probe = false if the gate is right as it is"
+
+
 def python_fix(facts: TreeFacts, launch: Launch | None, *, config: str, in_place: bool) -> str:
     """The exact ``[workspace]`` lines that give the worktree its own environment."""
     if in_place:
@@ -352,12 +373,11 @@ def python_fix(facts: TreeFacts, launch: Launch | None, *, config: str, in_place
         req = next((r for r in facts.requirements if any(w in r for w in ("dev", "test"))), None)
         if extra is None and req:
             pip += ["-r", req]
-        elif extra is None and launch is not None and launch.pytest:
-            pip.append("pytest")
+        elif extra is None and launch is not None and (launch.pytest or launch.opaque):
+            pip.append("pytest")  # an opaque gate in a Python project (make test) most likely runs pytest
         setup = [["python3", "-m", "venv", ".venv"], pip]
     return (f"in {config}: [workspace] setup = {json.dumps(setup)} and path = [\".venv/bin\"] "
-            "(a venv in the worktree with the project installed from it); "
-            "or [workspace] probe = false if the gate is right as it is")
+            f"(a venv in the worktree with the project installed from it){PROBE_OFF}")
 
 
 def python_problems(launch: Launch, answer: Mapping[str, Any] | None, names: Sequence[str], facts: TreeFacts,
@@ -370,18 +390,24 @@ def python_problems(launch: Launch, answer: Mapping[str, Any] | None, names: Seq
     who = f"the gate's interpreter {interp}" if launch.role == "gate command" else f"its interpreter {interp}"
     if launch.kind == "uv":
         who = "uv run's interpreter"
+    if launch.via:
+        who = f"the {launch.via} on the gate's PATH ({launch.program}, run by {interp})"
     if answer is None or answer.get("error"):
+        if launch.via:  # a program the command may not even start: one that cannot answer fails the gate red
+            return [], {}
         why = (answer or {}).get("error") or "no answer"
         return [Problem(launch.label, f"{launch.role} {launch.label!r}: cannot ask {who} what it imports: {why}",
                         fix)], {}
     specs = answer.get("spec") or {}
     seen = {n: dict(zip(("place", "path"), place(specs.get(n), tree=tree, repo=repo), strict=True)) for n in names}
     out: list[Problem] = []
-    if launch.module and launch.module not in names and place(specs.get(launch.module), tree=tree,
-                                                              repo=repo)[0] == "missing":
+    if launch.module and not launch.via and launch.module not in names and place(
+            specs.get(launch.module), tree=tree, repo=repo)[0] == "missing":
         out.append(Problem(launch.label, f"{launch.role} {launch.label!r}: {who} has no module {launch.module!r}",
                            fix))
-    bad = [(n, s) for n, s in seen.items() if s["place"] != "worktree"]
+    # A program an opaque command may start is only wrong when it would test other code: one that cannot
+    # import the project makes the gate red, not green.
+    bad = [(n, s) for n, s in seen.items() if s["place"] != "worktree" and not (launch.via and s["place"] == "missing")]
     if bad:
         n, s = bad[0]
         more = f" (and {len(bad) - 1} more of the project's names)" if len(bad) > 1 else ""
@@ -395,8 +421,77 @@ def python_problems(launch: Launch, answer: Mapping[str, Any] | None, names: Seq
             out.append(Problem(launch.label, f"{launch.role} {launch.label!r}: {who} {what}{more} ({launch.module} "
                                "reads the worktree's files, so it judges them all the same)", fix, refuse=False))
         else:
-            out.append(Problem(launch.label, f"{launch.role} {launch.label!r}: {who} {what}{more}", fix))
+            why = (f"; evolve cannot see whether {launch.label!r} starts it, so it must import the worktree's code too"
+                   if launch.via else "")
+            out.append(Problem(launch.label, f"{launch.role} {launch.label!r}: {who} {what}{more}{why}", fix))
     return out, seen
+
+
+# How each way of asking sets sys.path[0] (the probe script's ``path0``), and what it stands for.
+WAYS: dict[str, tuple[str, str]] = {
+    "cwd": ("", "as `python -m ...` or a script in the worktree runs (the worktree first on sys.path)"),
+    "entry": ("@drop", "as an entry-point script such as `pytest` runs (sys.path[0] its bin directory, not the "
+                       "worktree)"),
+}
+
+
+def ways(launch: Launch) -> tuple[tuple[str, str | None], ...]:
+    """How to ask a command's interpreter: ``(way, path0)`` pairs. A command whose final interpreter
+    invocation is not seen (``opaque``: make, a shell script, ``uv run make``) may start ``python -m X``
+    (the cwd first on sys.path) or an entry point (no cwd): both are asked, and either going wrong refuses.
+    Everything else once, as it runs (way ``""``)."""
+    if launch.opaque:
+        return tuple((w, WAYS[w][0]) for w in ("cwd", "entry"))
+    return (("", launch.path0),)
+
+
+def companion(opaque: Launch, found: Launch) -> Launch | None:
+    """A program an opaque command may start, to ask as it runs: ``found`` is the gate PATH's ``pytest``
+    as :func:`classify` sees it. Asked only when it is a Python entry point of another environment than
+    the interpreter the opaque command is asked with (the same one is covered by the ``entry`` way)."""
+    if not opaque.opaque or opaque.kind != "shell" or found.kind != "script" or not found.interpreter:
+        return None
+    if opaque.interpreter and os.path.dirname(found.interpreter) == os.path.dirname(opaque.interpreter):
+        return None
+    return replace(found, label=opaque.label, role=opaque.role, via=os.path.basename(found.label.split()[0]))
+
+
+Seen = dict[str, dict[str, str]]  # name -> {"place", "path"}
+
+
+def python_verdict(launch: Launch, answers: Sequence[tuple[str, Mapping[str, Any] | None]], names: Sequence[str],
+                   facts: TreeFacts, *, tree: str, repo: str,
+                   config: str) -> tuple[list[Problem], Seen, dict[str, Seen]]:
+    """:func:`python_problems` over each way a command was asked (``answers``: ``(way, answer)`` in
+    :func:`ways` order): the problems, each saying which way and why; where each name resolved (the
+    worst way's place); and, for more than one way, the places per way."""
+    per = [(way, *python_problems(launch, answer, names, facts, tree=tree, repo=repo, config=config))
+           for way, answer in answers]
+    if len(per) == 1:
+        return per[0][1], per[0][2], {}
+    seen: Seen = {}
+    for n in names:
+        found = [s[n] for _, _, s in per if n in s]
+        if found:
+            seen[n] = next((f for f in found if f["place"] != "worktree"), found[0])
+    by_way = {way: s for way, _, s in per}
+    bad = [(way, ps) for way, ps, _ in per if ps]
+    if not bad:
+        return [], seen, by_way
+    unseen = f"evolve cannot see what {launch.label!r} runs, so it must import the worktree's code both ways"
+    if len(bad) == len(per) and all([p.message for p in ps] == [p.message for p in bad[0][1]] for _, ps in bad):
+        both = " or ".join(WAYS[w][1] for w, _ in bad)
+        return [replace(p, message=f"{p.message}, either way: run {both}") for p in bad[0][1]], seen, by_way
+    out = []
+    for way, ps in bad:
+        fix_more = ""
+        if way == "entry" and all(w == "entry" for w, _ in bad):
+            # Only the entry point goes wrong: the same tests run as `python -m` run in the worktree.
+            fix_more = (f"; or make the gate command what {launch.label!r} runs, started as `python -m` starts it "
+                        '(e.g. ["python", "-m", "pytest"]): the worktree is first on its sys.path')
+        out += [replace(p, message=f"{p.message}, when run {WAYS[way][1]}; {unseen}",
+                        fix=p.fix.replace(PROBE_OFF, fix_more + PROBE_OFF)) for p in ps]
+    return out, seen, by_way
 
 
 @dataclass(frozen=True)
@@ -506,14 +601,15 @@ class Verdict:
 
 
 def needs_python(launch: Launch, facts: TreeFacts) -> bool:
-    """Whether the Python rules apply: a Python launch, or an unknown command in a Python project."""
+    """Whether the Python rules apply: a Python launch, or an opaque command in a Python project (one that
+    also has a package.json included: what make runs may be either, so both rules apply)."""
     if launch.kind in ("python", "script", "uv"):
         return True
-    return launch.kind == "shell" and facts.python_project and not facts.package_json
+    return launch.kind == "shell" and facts.python_project
 
 
 def needs_node(launch: Launch, facts: TreeFacts) -> bool:
-    return launch.kind == "node" or (launch.kind == "shell" and facts.package_json and not facts.python_project)
+    return launch.kind == "node" or (launch.kind == "shell" and facts.package_json)
 
 
 def config_key(gate_commands: Iterable[Sequence[str]], workspace: Any) -> str:

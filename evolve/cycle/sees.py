@@ -51,7 +51,10 @@ req = json.loads(sys.argv[1])
 p0 = req["path0"]
 if p0 == "@bin":
     p0 = os.path.dirname(sys.executable)
-if p0 is not None and sys.path:
+if p0 == "@drop":  # as an entry point: no cwd on sys.path (any version; -P is 3.11+ and PYTHONSAFEPATH may be set)
+    if sys.path and sys.path[0] in ("", os.getcwd()):
+        del sys.path[0]
+elif p0 is not None and sys.path:
     sys.path[0] = p0
 for p in reversed(req["front"]):
     sys.path.insert(0, p)
@@ -375,21 +378,32 @@ class Sees:
         path = self.env.get("PATH", os.defpath)
         which = lambda n: _which(n, path, tree)  # noqa: E731
         self.launches = [probe.classify(argv, which, _head) for argv in cfg.gate.commands]
+        # Goal checks that are shell scripts or make are not probed: most only read files (grep, test -f).
         self.launches += [la for la in (probe.classify(argv, which, _head, role=f"goal check {gid}")
                                         for gid, argv in goal_checks(cfg, tree))
                           if la.kind in ("python", "script", "uv", "node")]
-        # A shell script or make: what it runs is not known; the PATH's python is what `python` in it is.
+        # A shell script or make: what it runs is not known; the PATH's python is what `python` in it is, asked
+        # both ways (probe.ways), and the PATH's pytest as itself when another environment runs it.
         py = which("python3") or which("python")
-        self.launches = [replace(la, interpreter=py, path0="") if la.kind == "shell" else la for la in self.launches]
+        self.launches = [replace(la, interpreter=py) if la.kind == "shell" and la.interpreter is None else la
+                         for la in self.launches]
         self.facts = tree_facts(tree)
         self.node = node_facts(tree, repo)
         self.names = probe.import_names(self.facts) if self.facts.python_project or self.facts.src else []
+        found = probe.classify(["pytest"], which, _head) if self.names else None  # the PATH's pytest
+        with_companions: list[probe.Launch] = []
+        for la in self.launches:
+            with_companions.append(la)
+            extra = probe.companion(la, found) if found and probe.needs_python(la, self.facts) else None
+            if extra is not None:
+                with_companions.append(extra)
+        self.launches = with_companions
         self.rtree, self.rrepo = os.path.realpath(tree), os.path.realpath(repo)
 
     def key(self) -> str:
         """Everything the answer depends on, without starting a process."""
         parts = {
-            "v": 1,
+            "v": 2,  # the rules' version: an answer recorded under other rules is not reused
             "config": probe.config_key(self.cfg.gate.commands, self.cfg.workspace),
             "path": self.env.get("PATH"),
             "tree": self.rtree, "repo": self.rrepo,
@@ -402,11 +416,10 @@ class Sees:
         }
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
-    def _request(self, launch: probe.Launch) -> dict[str, Any]:
-        path0 = launch.path0
+    def _request(self, launch: probe.Launch, path0: str | None) -> dict[str, Any]:
         if path0 == "@script" and launch.program:
             path0 = os.path.dirname(os.path.realpath(launch.program))
-        elif path0 not in (None, "", "@bin"):
+        elif path0 not in (None, "", "@bin", "@drop"):
             path0 = os.path.dirname(os.path.realpath(self.tree / path0 / "x"))  # python path/to/script.py
         front = [str(self.tree / p) if p else str(self.tree) for p in probe.pytest_front(
             self.facts, shlex.split(launch.label))] if launch.pytest else []
@@ -429,20 +442,29 @@ class Sees:
                                                     probe.python_fix(self.facts, launch, config=self.config_label,
                                                                      in_place=self.rtree == self.rrepo)))
                 elif self.names or launch.module:
-                    req = self._request(launch)
-                    argv = probe_argv(launch, req)
-                    cache_key = json.dumps([argv[0], launch.flags, req, launch.uv_args])
-                    if cache_key not in asked:
-                        timeout = UV_PROBE_TIMEOUT_S if launch.kind == "uv" else PROBE_TIMEOUT_S
-                        asked[cache_key] = ask(argv, tree=self.tree, env=self.env, timeout_s=timeout)
-                    answer = asked[cache_key]
-                    problems, seen = probe.python_problems(launch, answer, self.names, self.facts, tree=self.rtree,
-                                                           repo=self.rrepo, config=self.config_label)
+                    answers = []
+                    for way, path0 in probe.ways(launch):
+                        req = self._request(launch, path0)
+                        argv = probe_argv(launch, req)
+                        cache_key = json.dumps([argv[0], launch.flags, req, launch.uv_args])
+                        if cache_key not in asked:
+                            timeout = UV_PROBE_TIMEOUT_S if launch.kind == "uv" else PROBE_TIMEOUT_S
+                            asked[cache_key] = ask(argv, tree=self.tree, env=self.env, timeout_s=timeout)
+                        answers.append((way, asked[cache_key]))
+                    problems, seen, by_way = probe.python_verdict(launch, answers, self.names, self.facts,
+                                                                  tree=self.rtree, repo=self.rrepo,
+                                                                  config=self.config_label)
                     v.problems += problems
+                    answer = answers[0][1]
+                    if launch.via:
+                        row["command"] = f"{launch.label} (the {launch.via} on PATH it may start)"
                     row.update(interpreter=answer.get("executable") or launch.interpreter,
                                python=answer.get("version"), imports=seen)
-                    if answer.get("error"):
-                        row["probe_error"] = answer["error"]
+                    if by_way:
+                        row["ways"] = by_way
+                    errors = [a["error"] for _, a in answers if a.get("error")]
+                    if errors and not launch.via:  # a companion that cannot answer refuses nothing: reusable
+                        row["probe_error"] = errors[0]
             if probe.needs_node(launch, self.facts) and launch.kind != "missing":
                 v.problems += probe.node_problems(launch, self.node, config=self.config_label)
                 row["node_modules"] = self.node.tree_modules
