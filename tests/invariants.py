@@ -20,7 +20,8 @@ queue line and claim. Shared by the crash harness and the nemeses, so every faul
   done twice (at most one ``improved``/consumed per item, settle entries counted, and no second green cycle
   while one still waits to land), consumed exactly when a successful cycle for it is in the ledger, an
   ``in_progress`` item only while a running fire or ``pending.json`` holds it (and an item ``pending.json``
-  holds is ``in_progress``, never released or taken over), every ``pending`` cycle settled at most once and,
+  holds is ``in_progress`` and marked ``claim_held`` in the queue, never released or taken over; a held
+  claim only while something waits), every ``pending`` cycle settled at most once and,
   once everything has landed, exactly once.
 """
 
@@ -358,6 +359,12 @@ class History:
         waiting = {t for _b, ref in held.values() if (t := title_of(ref)) is not None}
         released = sorted(t for t in waiting if status.get(t) != "in_progress")
         assert not released, f"items that wait to land lost their claim: {[(t, status.get(t)) for t in released]}"
+        # ... and the claim is held in the queue itself, so that no other reader takes it over (§6.1).
+        held_here = {i["title"] for i in items if i.get("claim_status") == "in_progress" and i.get("claim_held")}
+        plain = sorted(waiting - held_here)
+        assert not plain, f"items that wait to land are a plain in_progress claim any reader takes over: {plain}"
+        stray_holds = sorted(held_here - waiting)
+        assert not stray_holds, f"held claims nothing waits for (no one would ever take them): {stray_holds}"
         stuck = sorted(t for t, s in status.items() if s == "in_progress" and t not in waiting)
         assert not stuck, f"a claim outlived its fire and the recovery (pending.json holds none of them): {stuck}"
         if all_landed:

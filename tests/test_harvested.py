@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -569,3 +570,95 @@ def test_appends_between_edits_stay_in_place(tmp_path: Path, monkeypatch: pytest
     assert [e["source_epic"] for e in entries] == ["BG", "A", "BG"]
     assert entries[1]["items"][0]["claim_status"] == "consumed"
     assert [w.title for w in q.candidates()] == ["bg0", "bg1"] == [w.title for w in HarvestedQueue(q.path).candidates()]
+
+
+# -- held claims (docs/DESIGN.md §6.1): a pending item's claim of its own ------------------------------
+
+HOLD = ("claim_held", "claim_held_at")
+T0 = 1767225600.0  # 2026-01-01T00:00:00Z, when the claims below are made
+
+
+def _held(tmp_path: Path) -> tuple[HarvestedQueue, list]:
+    """Three items: "a" claimed and held (its work waits to land), "b" claimed plainly, "c" unclaimed."""
+    q = _q(tmp_path, _entry(_item("a", custom={"k": 1}), _item("b"), _item("c"), entry_extra="keep"), b"garbage")
+    items = list(q.candidates())
+    q.claim(items[0], "evolve:cycle-1", "2026-01-01T00:00:01Z")
+    q.claim(items[1], "evolve:cycle-2", "2026-01-01T00:00:02Z")
+    q.hold(items[0], "evolve:cycle-1", "2026-01-01T00:00:03Z", "refs/evolve/pending/main (cycle 1)")
+    return q, items
+
+
+@pytest.mark.parametrize("skew", [365 * 86400.0, -365 * 86400.0])  # a year on; a clock a year behind
+def test_a_held_claim_is_never_taken_over_however_old(tmp_path: Path, skew: float) -> None:
+    """Another reader with evolve's stale-claim rule (another claimer, claims visible for a millisecond):
+    the plain claim on "b" is stale to it and taken over; the held claim on "a" never is, selected or
+    claimed directly."""
+    q, (a, b, _c) = _held(tmp_path)
+    other = HarvestedQueue(q.path, repo_names=("myrepo",), claim_visibility_s=0.001, clock=lambda: T0 + skew)
+    assert [w.title for w in other.candidates()] == ["b", "c"]
+    before = q.path.read_bytes()
+    with pytest.raises(ClaimLost):
+        other.claim(a, "another-tool", "2027-01-01T00:00:00Z")
+    assert q.path.read_bytes() == before  # refused, nothing written
+    other.claim(b, "another-tool", "2027-01-01T00:00:00Z")  # the plain claim: taken over, as §6.1 says
+    ia, ib, _ = live(q.path)[0]["items"]
+    assert (ia["claim_status"], ia["claimed_by"], ia["claimed_at"]) == (
+        "in_progress", "evolve:cycle-1", "2026-01-01T00:00:01Z")  # the claim is kept as it was made
+    assert (ia["claim_held"], ia["claim_held_at"]) == ("refs/evolve/pending/main (cycle 1)", "2026-01-01T00:00:03Z")
+    assert ia["custom"] == {"k": 1} and ib["claimed_by"] == "another-tool"
+
+
+def test_finalize_and_release_end_the_hold(tmp_path: Path) -> None:
+    q, (a, b, _c) = _held(tmp_path)
+    q.hold(b, "evolve:cycle-2", "2026-01-01T00:00:04Z", "refs/evolve/pending/main (cycle 2)")
+    q.finalize(a, "evolve:cycle-1", "2026-01-01T00:00:05Z")  # its work landed
+    q.release(b, "evolve:cycle-2", "2026-01-01T00:00:06Z", "pending")  # its work could not land
+    (e,) = live(q.path)
+    ia, ib, _ = e["items"]
+    assert (ia["consumed"], ia["claim_status"], ia["consumed_by"]) == (True, "consumed", "evolve:cycle-1")
+    assert (ib["claim_status"], ib["claimed_by"], ib["consumed"]) == ("available", None, False)
+    assert not (set(HOLD) & (set(ia) | set(ib))) and "failed_at" not in ib, (ia, ib)
+    assert e["entry_extra"] == "keep" and ia["custom"] == {"k": 1}
+    assert q.path.read_bytes().splitlines()[1] == b"garbage"  # every other line where it was
+    assert [w.title for w in HarvestedQueue(q.path, repo_names=("myrepo",)).candidates()] == ["b", "c"]
+
+
+def test_a_hold_touches_only_its_own_claim_and_is_written_once(tmp_path: Path) -> None:
+    q, (a, b, c) = _held(tmp_path)
+    before = q.path.read_bytes()
+    q.hold(a, "evolve:cycle-1", "2026-01-01T00:09:00Z", "refs/evolve/pending/main (cycle 1)")  # (recovery again)
+    q.hold(b, "evolve:cycle-9", "2026-01-01T00:09:00Z", "x (cycle 9)")  # not its claimer
+    q.hold(c, "evolve:cycle-3", "2026-01-01T00:09:00Z", "x (cycle 3)")  # not claimed at all
+    assert q.path.read_bytes() == before
+    # An item requeued by hand that still carries the field is no held claim, and its next claim drops it.
+    q.release(a, None, "2026-01-01T00:10:00Z", "pending")
+    raw = q.path.read_bytes().replace(b'"claim_status":"available"', b'"claim_status":"available","claim_held":"x"', 1)
+    q.path.write_bytes(raw)
+    assert live(q.path)[0]["items"][0]["claim_held"] == "x"  # (on "a")
+    again = next(w for w in q.candidates() if w.title == "a")
+    q.claim(again, "evolve:cycle-4", "2026-01-01T00:11:00Z")
+    ia = live(q.path)[0]["items"][0]
+    assert ia["claimed_by"] == "evolve:cycle-4" and "claim_held" not in ia, ia
+
+
+def test_a_held_queue_reads_the_same_to_upstream_s_jq_one_liners(tmp_path: Path) -> None:
+    """Upstream's readers know no ``claim_held``: to them the held item is an ordinary in_progress claim,
+    on a line that is a plain JSON object with every field it had."""
+    jq = shutil.which("jq")
+    if jq is None:
+        pytest.skip("jq is not installed")
+    q, _ = _held(tmp_path)
+
+    def run(*args: str) -> list[str]:
+        return subprocess.run([jq, *args, str(q.path)], capture_output=True, text=True, check=True).stdout.split("\n")
+
+    # (jq reads the file line by line; "garbage" is not JSON, so upstream's readers skip it: `fromjson?`.)
+    lines = run("-R", "-c", "fromjson? | select(.superseded != true)")
+    assert len([x for x in lines if x]) == 1
+    ready = run("-R", "-r", 'fromjson? | select(.consumed != true) | .items[] '
+                '| select((.claim_status // "available") == "available") | .title')
+    assert [x for x in ready if x] == ["c"]
+    claimed = run("-R", "-r", 'fromjson? | .items[]? | select(.claim_status == "in_progress") '
+                  '| [.title, .claimed_by, .claim_held // "-", .custom.k // "-"] | @tsv')
+    assert [x for x in claimed if x] == ["a\tevolve:cycle-1\trefs/evolve/pending/main (cycle 1)\t1",
+                                         "b\tevolve:cycle-2\t-\t-"]

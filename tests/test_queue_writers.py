@@ -240,6 +240,45 @@ def test_a_deliberate_requeue_stands_where_a_stale_save_is_undone(tmp_path: Path
     _parses(q.path)
 
 
+def _another_reader(path: Path) -> HarvestedQueue:
+    """A second reader of the queue with evolve's stale-claim rule: another claimer to whom every
+    ``in_progress`` claim older than a millisecond is stale, its clock a year ahead."""
+    return HarvestedQueue(path, claim_visibility_s=0.001, clock=lambda: time.time() + 365 * 86400)
+
+
+def test_a_stale_save_that_drops_a_hold_gets_it_back_and_a_requeue_of_a_held_item_stands(tmp_path: Path) -> None:
+    """A held claim (its cycle's work waits to land) is one of evolve's lifecycle writes like any other.
+    The editor loaded the queue with "a" claimed but not yet held and "b" held; it saves after "a" was
+    held, and the operator requeued "b" by hand in that buffer. The next reader (here a second one, with
+    another claimer and a millisecond's visibility) writes "a"'s hold again before it selects, so it never
+    takes "a" over; "b"'s requeue stands, and the reader may take it."""
+    q = _queue(tmp_path, _entry(_item("a")), _entry(_item("b")), _entry(_item("c")))
+    a, b = _by_title(q, "a"), _by_title(q, "b")
+    q.claim(a, "evolve:cycle-1", "2026-01-01T00:00:01Z")
+    q.claim(b, "evolve:cycle-2", "2026-01-01T00:00:02Z")
+    q.hold(b, "evolve:cycle-2", "2026-01-01T00:00:03Z", "refs/evolve/pending/main (cycle 2)")
+    ed = Editor(q.path, tmp_path / "ed").load()
+    q.hold(a, "evolve:cycle-1", "2026-01-01T00:00:04Z", "refs/evolve/pending/main (cycle 1)")
+    ed.save({"b": {"claim_status": "available", "claimed_by": None, "claimed_at": None}})
+    assert "claim_held" not in _items(q.path)["a"]  # (the stale save did land: "a" a plain in_progress claim)
+    other = _another_reader(q.path)
+    assert sorted(w.title for w in other.candidates()) == ["b", "c"]  # never "a"
+    assert sorted(other.reconciled) == [("queue.edit_kept", "b"), ("queue.reapplied", "a")]
+    items = _items(q.path)
+    assert (items["a"]["claim_status"], items["a"]["claimed_by"], items["a"]["claim_held"]) == (
+        "in_progress", "evolve:cycle-1", "refs/evolve/pending/main (cycle 1)")
+    assert (items["b"]["claim_status"], items["b"].get("claimed_by")) == ("available", None)  # the requeue stands
+    other.claim(_by_title(other, "b"), "another-tool", "2026-01-01T00:00:05Z")
+    assert (_items(q.path)["b"]["claimed_by"], _items(q.path)["b"].get("claim_held")) == ("another-tool", None)
+    q.finalize(a, "evolve:cycle-1", "2026-01-01T00:00:06Z")  # the held work landed
+    q.release(b, "evolve:cycle-2", "2026-01-01T00:00:07Z", "pending")  # not evolve's claim any more: a no-op
+    items = _items(q.path)
+    assert (items["a"]["consumed"], items["a"].get("claim_held"), items["a"].get("claim_held_at")) == (
+        True, None, None)
+    assert items["b"]["claimed_by"] == "another-tool"
+    _parses(q.path)
+
+
 def test_a_backup_save_while_an_edit_waits_for_the_lock_is_no_crash(tmp_path: Path) -> None:
     """vim's save renames the queue aside, then writes a new file under its name. An edit that was
     waiting for the lock meanwhile finds the name missing (it raised FileNotFoundError, uncaught) and
@@ -497,6 +536,53 @@ def test_editors_saving_during_a_fire_undo_none_of_its_claims(env: Env) -> None:
     assert sorted(e["event"] for e in _events(err) if e["event"].startswith("queue.")) == (
         ["queue.reapplied"] * 3)  # cycle 1's claim, cycle 2's finalize, cycle 3's claim
     _parses(q)
+    gitw.check()
+
+
+def test_an_editor_s_stale_save_after_a_pending_cycle_does_not_free_its_item(env: Env) -> None:
+    """A real fire whose cycle's work waits to land (the operator's untracked ``w.txt`` is in the way):
+    an editor loads the queue while the agent runs (the item claimed, not yet held) and saves after the
+    fire held it. The save makes the item a plain in_progress claim again; the next reader, another
+    tool's with a millisecond's visibility, writes the hold again first and never takes the item; the
+    next fire lands the work and finalizes the item, the hold gone."""
+    marks = env.root / "marks"
+    marks.mkdir()
+    history = History()
+    (env.repo / "w.txt").write_text("the operator's\n")
+    env.queue(entry("waits", "other"))
+    history.append(["waits", "other"])
+    env.steps([_held("w.txt", marks, "c1"), {"report": {"result": "unchanged"}}])
+    env.write_config(agent={"timeout_s": 600, "idle_timeout_s": 600})
+    gitw = GitWatch(env, operator={"w.txt": b"the operator's\n"})
+    q = env.paths.nextwork
+    fire = subprocess.Popen([sys.executable, "-m", "evolve", "--repo", str(env.repo), "fire", "--cycles", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env.env())
+    _wait(lambda: (marks / "c1").exists() or fire.poll() is not None, "the agent of cycle 1")
+    assert fire.poll() is None, fire.communicate()[1].decode()[-3000:]
+    ed = Editor(q, marks / "ed").load()
+    (marks / "c1.go").touch()
+    _out, err = fire.communicate(timeout=WAIT_S)
+    assert fire.returncode == 0, err.decode()[-3000:]
+    assert env.ledger()[-1]["result"] == "pending"
+    assert _items(q)["waits"]["claim_held"] == "refs/evolve/pending/main (cycle 1)"
+    ed.save()
+    assert "claim_held" not in _items(q)["waits"]  # what the stale save brought back
+    other = _another_reader(q)
+    assert [w.title for w in other.candidates()] == ["other"]
+    assert other.reconciled == [("queue.reapplied", "waits")]
+    assert (_items(q)["waits"]["claimed_by"], _items(q)["waits"]["claim_held"]) == (
+        "evolve:cycle-1", "refs/evolve/pending/main (cycle 1)")
+    history.observe(env, 1)
+    gitw.check()
+    (env.repo / "w.txt").unlink()
+    del gitw.operator["w.txt"]
+    r = _fire(env, "--cycles", "1")
+    assert r.returncode == 0, r.stderr.decode()[-3000:]
+    it = _items(q)["waits"]
+    assert (it["consumed"], it["consumed_by"], it.get("claim_held")) == (True, "evolve:cycle-1", None), it
+    assert (env.repo / "w.txt").read_text() == "cycle 1\n"  # the agent's, landed
+    _parses(q)
+    history.observe(env, 2)
     gitw.check()
 
 

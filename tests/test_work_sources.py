@@ -70,6 +70,9 @@ class MemorySource:
     def release(self, item: WorkItem, claimer: str | None, now: str, reason: str) -> None:
         self._set(item, "open", when="claimed")
 
+    def hold(self, item: WorkItem, claimer: str, now: str, note: str) -> None:
+        """Nothing to mark: a claimed item is never offered here, however old the claim."""
+
     def defer(self, item: WorkItem, now: str, reason: str) -> None:
         self._set(item, "deferred", when="open")
 
@@ -100,6 +103,9 @@ def _beads(tmp_path: Path) -> WorkSource:
     return BeadsSource(["bd", "ready", "--json"], tmp_path, timeout_s=20, env=env)
 
 
+# Does the source keep a claimed (and held) item out of its offer? The tracker lists a bead until it is
+# closed: there the claim is this evolve's (session-state, pending.json), as DESIGN §6.2 says.
+CLAIM_HIDES_IT = {"harvested": True, "beads": False, "memory": True}
 # Does a split take the item out of the source? The tracker keeps a split bead open until it is closed.
 SPLIT_HOLDS_IT = {"harvested": True, "beads": False, "memory": True}
 
@@ -185,3 +191,17 @@ def test_goals_and_directives_take_every_call_and_record_nothing(tmp_path: Path)
         assert src.park(item, NOW, "budget spent") is False  # the caller logs that it could not
         src.finalize(item, CLAIMER, NOW)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_held_claim_ends_with_finalize_or_release(source: WorkSource) -> None:
+    """``hold`` keeps the claim (a pending cycle's work waits to land); its finalize and its release
+    then settle it as they would any claim."""
+    a, b, _c = source.candidates()[:3]
+    source.claim(a, CLAIMER, NOW)
+    source.hold(a, CLAIMER, NOW, "refs/evolve/pending/main (cycle 1)")
+    source.claim(b, "evolve:cycle-2", NOW)
+    source.hold(b, "evolve:cycle-2", NOW, "refs/evolve/pending/main (cycle 2)")
+    assert titles(source) == (["c"] if CLAIM_HIDES_IT[source.name] else ["a", "b", "c"])
+    source.finalize(a, CLAIMER, NOW)  # a's work landed
+    source.release(b, "evolve:cycle-2", NOW, "pending")  # b's could not
+    assert titles(source) == ["b", "c"]

@@ -74,7 +74,7 @@ from evolve.store.markers import remove_marker
 from evolve.store.records import ClaimedWork, FireRecord
 from evolve.timeutil import utc_iso
 from evolve.work import ladder
-from evolve.work.item import ClaimLost, SourceError, WorkItem, WorkSource
+from evolve.work.item import ClaimLost, SourceError, WorkItem, WorkSource, hold_note
 
 MAX_SCOUTS_PER_CYCLE = 3
 
@@ -661,7 +661,7 @@ class Fire:
         )
         self._record(facts, item, decision, report, reading, extra, outcome)
         t = transition.after_cycle(self.state, facts, self._policy())
-        self._apply_claim(t, facts, item, src, claimer, report)
+        self._apply_claim(t, facts, item, src, claimer, report, str(extra.get("pending_ref") or ""))
         self.state = t.state
         self._after_agent(cycle, item, report, result, now)
         for effect in t.effects:
@@ -725,14 +725,18 @@ class Fire:
         src: WorkSource | None,
         claimer: str,
         report: AgentReport,
+        pending_ref: str = "",
     ) -> None:
-        """The claim: consumed only after the gate said yes; otherwise back to the source."""
+        """The claim: consumed only after the gate said yes; held while its green work waits to land
+        (``pending``: a claim of its own that no reader takes over, §6.1); otherwise back to the source."""
         stamp, cycle = utc_iso(facts.now), facts.cycle
         try:
             if src is not None and t.claim is transition.ClaimAction.FINALIZE:
                 src.finalize(item, claimer, stamp)
             elif src is not None and t.claim is transition.ClaimAction.RELEASE:
                 src.release(item, claimer, stamp, facts.result)
+            elif src is not None and t.claim is transition.ClaimAction.KEEP:
+                src.hold(item, claimer, stamp, hold_note(pending_ref, cycle))
         except SourceError as exc:
             self.log.error("claim.error", error=str(exc))
         except OSError as exc:

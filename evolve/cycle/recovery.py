@@ -24,7 +24,7 @@ from evolve.results import CycleResult
 from evolve.store.atomic import read_json, sweep_temps
 from evolve.store.records import ClaimedWork, FireRecord
 from evolve.timeutil import utc_iso
-from evolve.work.item import SourceError, WorkItem
+from evolve.work.item import SourceError, WorkItem, hold_note
 
 TEMP_AGE_S = 60.0  # an atomic replacement takes milliseconds; a temp file this old lost its writer
 ORPHAN_GRACE_S = 2.0
@@ -196,11 +196,15 @@ def _settle_claim(ctx: FireContext, claimed: ClaimedWork, action: ClaimAction) -
     src = ctx.source(claimed.source)
     # KEEP: the dead cycle's entry is ``pending``: its work waits in pending.json, which holds the claim
     # until the work lands or cannot (§8.3); released here, the item would be free while its work waits.
-    if src is not None and claimed.ref and action is not ClaimAction.KEEP:
+    # It is held in the source, as the live path does, in case the dead fire did not get to (§6.1).
+    if src is not None and claimed.ref:
         item = WorkItem(source=claimed.source, ref=claimed.ref, title=claimed.title)
         stamp = utc_iso(ctx.clock())
         try:
-            if action is ClaimAction.FINALIZE:
+            if action is ClaimAction.KEEP:
+                last = ctx.ledger.last() or {}
+                src.hold(item, claimed.claimed_by, stamp, hold_note(str(last.get("pending_ref") or ""), claimed.cycle))
+            elif action is ClaimAction.FINALIZE:
                 src.finalize(item, claimed.claimed_by, stamp)
             else:
                 src.release(item, claimed.claimed_by or None, stamp, CycleResult.CRASHED)

@@ -150,6 +150,12 @@ class BeadsSource:
     def release(self, item: WorkItem, claimer: str | None, now: str, reason: str) -> None:
         """Nothing to undo in the tracker."""
 
+    def hold(self, item: WorkItem, claimer: str, now: str, note: str) -> None:
+        """Nothing the tracker's readers would honour (docs/DESIGN.md §6.2): ``bd ready`` lists
+        ``in_progress`` and assigned beads as ready too, ``--notes`` replaces the operator's own notes,
+        and ``blocked``/``deferred`` would say something untrue (and are evolve's park and defer). The
+        bead's claim is this evolve's ``pending.json``, which keeps it out of its own selection."""
+
     def park(self, item: WorkItem, now: str, note: str) -> bool:
         self._update("update", bead_id(item), "--status", "blocked", "--notes", note)
         return True

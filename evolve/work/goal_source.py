@@ -155,6 +155,9 @@ class GoalsSource:
     def release(self, item: WorkItem, claimer: str | None, now: str, reason: str) -> None:
         """Nothing to undo."""
 
+    def hold(self, item: WorkItem, claimer: str, now: str, note: str) -> None:
+        """Nothing to mark: a goal is not claimed anywhere (its waiting work is in ``pending.json``)."""
+
     def defer(self, item: WorkItem, now: str, reason: str) -> None:
         """A failing goal or an open directive is offered again at the next selection: nothing to record."""
 

@@ -108,6 +108,9 @@ _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 REAPPEAR_S = 5.0
 _MISSING = object()
 _TOMBSTONE = {"superseded": True, "consumed": True, "items": []}
+# The fields of a held claim (docs/DESIGN.md §6.1): what it waits for, and since when. A claim, finalize,
+# release or park removes them.
+HOLD_FIELDS = ("claim_held", "claim_held_at")
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -163,6 +166,18 @@ def claimed_at(item: dict[str, Any]) -> float:
     return at if at is not None else -math.inf
 
 
+def claim_held(item: dict[str, Any]) -> bool:
+    """An ``in_progress`` claim marked held (a non-empty ``claim_held``): its cycle's green commits wait to
+    land (docs/DESIGN.md §6.1, §8.3). It never goes stale, however old: the work exists, and taking the
+    item over would do it twice. (On an item that is not ``in_progress`` the field means nothing.)"""
+    return item.get("claim_status") == "in_progress" and bool(item.get("claim_held"))
+
+
+def _unhold(_entry: dict[str, Any], item: dict[str, Any]) -> None:
+    for k in HOLD_FIELDS:
+        item.pop(k, None)
+
+
 def claim_stale(at: float, now: float, visibility_s: float | None) -> bool:
     """An ``in_progress`` claim made at ``at`` no longer holds at ``now``: older than the visibility
     timeout, or dated more than that far in the future (a clock that far off is no date at all).
@@ -208,13 +223,15 @@ def item_selectable(
 ) -> bool:
     """The item may be claimed now: open, and unclaimed or (given ``now`` and ``visibility_s``) under an
     ``in_progress`` claim that has gone stale — another tool's, or a dead evolve's whose state was lost.
-    evolve's own live claim needs no timeout: the fire lock keeps a second fire out of this repo."""
+    evolve's own live claim needs no timeout: the fire lock keeps a second fire out of this repo. A held
+    claim (:func:`claim_held`) never goes stale."""
     if not _open_item(entry, item):
         return False
     status = item.get("claim_status")
     if status in (None, "available"):
         return True
-    return status == "in_progress" and now is not None and claim_stale(claimed_at(item), now, visibility_s)
+    return (status == "in_progress" and now is not None and not claim_held(item)
+            and claim_stale(claimed_at(item), now, visibility_s))
 
 
 def _scope_rank(item: dict[str, Any], repo_names: tuple[str, ...]) -> int | None:
@@ -611,7 +628,7 @@ class HarvestedQueue:
             status = item.get("claim_status")
             if status in (None, "available"):
                 claim = None
-            elif status == "in_progress" and self.claim_visibility_s is not None:
+            elif status == "in_progress" and self.claim_visibility_s is not None and not claim_held(item):
                 claim = claimed_at(item)
             else:
                 continue
@@ -720,12 +737,14 @@ class HarvestedQueue:
         def selectable(entry: dict[str, Any], it: dict[str, Any]) -> bool:
             return item_selectable(entry, it, when, self.claim_visibility_s)
 
-        self._update(item, selectable, fields, required=True, op="claim", now=now)
+        # (A hold left on an item someone requeued by hand belongs to the claim before: it goes.)
+        self._update(item, selectable, fields, then=_unhold, required=True, op="claim", now=now)
 
     def finalize(self, item: WorkItem, claimer: str, now: str) -> None:
         done = {"consumed": True, "claim_status": "consumed", "consumed_by": claimer, "consumed_at": now}
 
         def whole_entry(entry: dict[str, Any], it: dict[str, Any]) -> None:
+            _unhold(entry, it)  # the waiting work landed: the hold ends with the claim
             # The last open item of an entry consumes the entry too.
             if entry is not it and all(i.get("consumed") is True for i in entry_items(entry)):
                 entry.update(done)
@@ -739,7 +758,19 @@ class HarvestedQueue:
         fields = {"consumed": False, "claim_status": "available", "claimed_by": None, "claimed_at": None}
         if reason in RETRY_REASONS:
             fields["failed_at"] = now
-        self._update(item, _claimed_by(claimer), fields, op="release", now=now)
+        self._update(item, _claimed_by(claimer), fields, then=_unhold, op="release", now=now)
+
+    def hold(self, item: WorkItem, claimer: str, now: str, note: str) -> None:
+        """The cycle's green commits wait to land (docs/DESIGN.md §8.3): the claim ``claimer`` holds stays
+        (``in_progress``, ``claimed_by``, ``claimed_at`` as they are, what every v1.4 reader sees) and is
+        marked held: ``claim_held`` (``note``: the pending ref and the cycle) and ``claim_held_at``. A held
+        claim is never taken over as stale (:func:`claim_held`); finalize and release end it. Done once:
+        an item already held with this note is not written again (recovery may repeat a dead fire's hold)."""
+
+        def unheld(entry: dict[str, Any], it: dict[str, Any]) -> bool:
+            return _claimed_by(claimer)(entry, it) and it.get("claim_held") != note
+
+        self._update(item, unheld, {"claim_held": note, "claim_held_at": now}, op="hold", now=now)
 
     def annotate(self, item: WorkItem, now: str, **fields: Any) -> None:
         """Set scout outcome fields (``disposition``, ``status``, ``split_into``) on an open item."""
@@ -757,7 +788,8 @@ class HarvestedQueue:
     def park(self, item: WorkItem, now: str, note: str) -> bool:
         """Hold an item out of selection (attempt budget spent, or a scout's park): ``status: "blocked"``."""
         fields = {"status": "blocked", "claim_status": "available", "claimed_by": None, "claimed_at": None}
-        self._update(item, _open, {**fields, "failed_at": now, "blocked_note": note}, op="park", now=now)
+        self._update(item, _open, {**fields, "failed_at": now, "blocked_note": note}, then=_unhold, op="park",
+                     now=now)
         return True  # (an item consumed meanwhile needs no parking)
 
     def unpark(self, ref: str, now: str) -> bool:

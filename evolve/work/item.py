@@ -127,6 +127,11 @@ class LazyItems(Sequence[WorkItem]):
     __hash__ = None  # type: ignore[assignment]
 
 
+def hold_note(pending_ref: str, cycle: int | None) -> str:
+    """What a held claim says it waits for: the pending ref and the cycle whose work is there."""
+    return clean_text(f"{pending_ref or 'refs/evolve/pending'} (cycle {cycle if cycle is not None else '?'})", 300)
+
+
 class SourceError(Exception):
     """A source could not be read (a probe error): never to be mistaken for "no work"."""
 
@@ -162,6 +167,14 @@ class WorkSource(Protocol):
 
     def defer(self, item: WorkItem, now: str, reason: str) -> None:
         """A scout's defer: not now. Sources that cannot record it do nothing (the item comes back)."""
+        ...
+
+    def hold(self, item: WorkItem, claimer: str, now: str, note: str) -> None:
+        """The cycle's green work waits to land (a ``pending`` result, docs/DESIGN.md §8.3): keep the
+        item's claim and mark it, where the source can, as held for that work (``note``:
+        :func:`hold_note`), so that no reader takes it over however old it grows; :meth:`finalize`
+        and :meth:`release` end the hold. Sources that cannot mark a claim do nothing (this evolve's
+        ``pending.json`` still keeps the item out of its own selection)."""
         ...
 
     def park(self, item: WorkItem, now: str, note: str) -> bool:

@@ -3,10 +3,11 @@
 ``next-work.jsonl`` has other writers, and some of them replace the whole file: an editor saving by
 rename, ``sed -i``, upstream's own rewrite, a ``git checkout`` of a tracked queue. One that loaded the
 file before evolve claimed, finalized or released an item and saves after it brings the item back as
-it was: a claim undone (the item done twice), a finalize or release undone (a claim in progress that
-nobody holds). So every lifecycle write evolve makes is first recorded here, per item, as a *chain*:
-the fields evolve's writes set (and removed) with the values it wrote, a digest of the item as evolve
-last wrote it, and digests of the states the item had before evolve's writes (``prior``). Whenever the
+it was: a claim undone (the item done twice), a hold undone (a pending item's claim plain again, for
+any reader to take over once stale), a finalize or release undone (a claim in progress that nobody
+holds). So every lifecycle write evolve makes is first recorded here, per item, as a *chain*: the fields
+evolve's writes set (and removed) with the values it wrote, a digest of the item as evolve last wrote
+it, and digests of the states the item had before evolve's writes (``prior``). Whenever the
 queue changed other than by appends (it is parsed from scratch), each chain is checked against the
 item in the file (:func:`decide`, pure):
 
