@@ -249,6 +249,8 @@ def _stranded(paths: Paths, snap: StatusSnapshot) -> list[dict[str, Any]]:
 
         for obj in read_entries(paths.nextwork):
             for it in entry_items(obj):
+                if it.get("claim_status") == "in_progress" and it.get("claim_held"):
+                    continue  # held for green commits waiting to land: listed under what waits, not stranded
                 if it.get("claim_status") == "in_progress" and len(out) < 200:
                     # Queue lines are untrusted: every text is cut short (the page escapes and redacts it).
                     out.append({"ref": item_ref(obj, it)[:300], "title": str(it.get("title") or "")[:200],
