@@ -1,7 +1,7 @@
 """What a cycle changed in a work tree, and committing, saving or undoing exactly that (docs/DESIGN.md §8).
 
-Always by explicit path and argv (never ``git add -A``); every git process through
-:func:`evolve.git.run.run_git`.
+Always by explicit path (never a bare ``git add -A``), the paths on git's stdin (:mod:`evolve.git.pathargs`:
+a change may name more than an argv holds); every git process through :func:`evolve.git.run.run_git`.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from evolve.git.pathargs import FROM_STDIN, ls_files, nul
 from evolve.git.refs import UNCOMMITTED_REF, free_ref, head
 from evolve.git.run import SAFE, GitError, GitPolicy, git, identity, run_git
 
@@ -71,12 +72,26 @@ def commit_paths(repo: Path, paths: Iterable[str], message: str, policy: GitPoli
     if not paths:
         return None
     ident = identity(repo)
-    git(repo, "add", "--", *paths, policy=policy)
-    staged = git(repo, "diff", "--cached", "--name-only", "-z", "--", *paths, policy=policy)
-    if not staged.strip("\0"):
+    git(repo, "add", *FROM_STDIN, policy=policy, input=nul(paths))
+    # diff has no stdin form: everything staged, then only what ``paths`` names (a directory: what is in it)
+    staged = git(repo, "diff", "--cached", "--name-only", "-z", "--no-renames", policy=policy).split("\0")
+    want = set(paths)
+    if not any(named(p, want) for p in staged if p):
         return None
-    git(repo, "commit", "-q", "--no-verify", "-m", message, "--", *paths, policy=policy, extra_env=ident)
+    git(repo, "commit", "-q", "--no-verify", "-m", message, *FROM_STDIN, policy=policy, extra_env=ident,
+        input=nul(paths))
     return head(repo)
+
+
+def named(path: str, want: set[str]) -> bool:
+    """Whether the literal pathspecs ``want`` match ``path``: it, or a directory above it, is one of them
+    (``dir`` or ``dir/``, as ``status`` names an untracked repository inside the tree)."""
+    parts = path.split("/")
+    for i in range(len(parts), 0, -1):
+        up = "/".join(parts[:i])
+        if up in want or up + "/" in want:
+            return True
+    return False
 
 
 def restore_cycle(repo: Path, start: str | None, paths_before: set[str], policy: GitPolicy = SAFE) -> list[str]:
@@ -87,11 +102,12 @@ def restore_cycle(repo: Path, start: str | None, paths_before: set[str], policy:
     """
     ident = identity(repo)
     touched = sorted(p for p in dirty_paths(repo) - paths_before if not is_internal(p))
-    tracked = set(git(repo, "ls-files", "-z", "--", *touched).split("\0")) if touched else set()
+    tracked = ls_files(repo, touched)
+    restore = [p for p in touched if p in tracked]
+    if restore:
+        git(repo, "checkout", "-q", "HEAD", *FROM_STDIN, policy=policy, input=nul(restore))
     for p in touched:
-        if p in tracked:
-            git(repo, "checkout", "-q", "HEAD", "--", p, policy=policy)
-        else:
+        if p not in tracked:
             target = repo / p
             if target.is_file() or target.is_symlink():
                 target.unlink()
@@ -131,7 +147,8 @@ def save_uncommitted(repo: Path, paths: Iterable[str], cycle: int, message: str,
         base = head(repo)
         if base:
             git(repo, "read-tree", base, extra_env=env)
-        git(repo, "add", "-A", "--", *paths, extra_env=env)
+        if paths:
+            git(repo, "add", "-A", *FROM_STDIN, extra_env=env, input=nul(paths))
         tree = git(repo, "write-tree", extra_env=env).strip()
         parent = ["-p", base] if base else []
         sha = git(repo, "commit-tree", tree, *parent, "-m", message, extra_env=env).strip()
@@ -154,14 +171,14 @@ def restore_paths(repo: Path, paths: Iterable[str]) -> None:
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
         if base:
             git(repo, "read-tree", base, extra_env=env)
-        known = set(git(repo, "ls-files", "-z", "--", *paths, extra_env=env).split("\0")) - {""}
+        known = ls_files(repo, paths, extra_env=env)
         for p in paths:
             if p not in known and ((repo / p).is_file() or (repo / p).is_symlink()):
                 (repo / p).unlink()
         if known:
-            git(repo, "checkout-index", "-f", "-q", "--", *sorted(known), extra_env=env)
-    if base:
-        run_git(repo, "reset", "-q", base, "--", *paths)
+            git(repo, "checkout-index", "-f", "-q", "-z", "--stdin", extra_env=env, input=nul(sorted(known)))
+    if base and paths:
+        run_git(repo, "reset", "-q", base, *FROM_STDIN, input=nul(paths))
 
 
 def changed(repo: Path, old: str, new: str) -> set[str]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from evolve.git.pathargs import FROM_STDIN, nul
 from evolve.git.refs import head, rev
 from evolve.git.run import SAFE, GitError, GitPolicy, git, identity, run_git
 
@@ -219,7 +220,7 @@ def save_tree(tree: Path, paths: Iterable[str], ref: str, message: str) -> str:
         if base:
             git(tree, "read-tree", base, extra_env=env)
         if paths:
-            git(tree, "add", "-A", "--", *paths, extra_env=env)
+            git(tree, "add", "-A", *FROM_STDIN, extra_env=env, input=nul(paths))  # any number of paths
         snap = git(tree, "write-tree", extra_env=env).strip()
         parent = ["-p", base] if base else []
         sha = git(tree, "commit-tree", snap, *parent, "-m", message, extra_env=env).strip()
