@@ -270,7 +270,8 @@ def _tracked(tree: Path, paths: list[str]) -> set[str]:
     if not paths:
         return set()
     found = pathargs.ls_files(tree, paths)  # literal: evolve's git has GIT_LITERAL_PATHSPECS
-    return {p for p in paths if p in found or any(f.startswith(p.rstrip("/") + "/") for f in found)}
+    dirs = {f.rsplit("/", i)[0] for f in found for i in range(1, f.count("/") + 1)}  # every directory above one
+    return {p for p in paths if p in found or p.rstrip("/") in dirs}
 
 
 def _in_checkout(repo: Path, rel: str) -> os.stat_result | None:
@@ -560,8 +561,7 @@ class Preparer:
                     finally:
                         os.close(fd)
             if s.restore:
-                gitrun.git(tree, "checkout", "-q", *pathargs.FROM_STDIN, policy=self.gate_policy,
-                           input=pathargs.nul(s.restore))
+                pathargs.checkout_index(tree, s.restore, policy=self.gate_policy)
             if s.remove or s.restore:
                 self.log.warning("workspace.setup_output", removed=list(s.remove)[:20], restored=list(s.restore)[:20],
                                  why="setup wrote files the repository tracks or does not ignore")

@@ -6,10 +6,11 @@ a change may name more than an argv holds); every git process through :func:`evo
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from pathlib import Path
 
-from evolve.git.pathargs import FROM_STDIN, ls_files, nul
+from evolve.git.pathargs import FROM_STDIN, checkout_index, ls_files, named, nul, reset_index, stage
 from evolve.git.refs import UNCOMMITTED_REF, free_ref, head
 from evolve.git.run import SAFE, GitError, GitPolicy, git, identity, run_git
 
@@ -72,26 +73,19 @@ def commit_paths(repo: Path, paths: Iterable[str], message: str, policy: GitPoli
     if not paths:
         return None
     ident = identity(repo)
-    git(repo, "add", *FROM_STDIN, policy=policy, input=nul(paths))
-    # diff has no stdin form: everything staged, then only what ``paths`` names (a directory: what is in it)
-    staged = git(repo, "diff", "--cached", "--name-only", "-z", "--no-renames", policy=policy).split("\0")
+    stage(repo, paths, policy=policy)
+    staged = [p for p in git(repo, "diff", "--cached", "--name-only", "-z", "--no-renames",
+                             policy=policy).split("\0") if p]
     want = set(paths)
-    if not any(named(p, want) for p in staged if p):
+    ours = sum(1 for p in staged if named(p, want))
+    if not ours:
         return None
-    git(repo, "commit", "-q", "--no-verify", "-m", message, *FROM_STDIN, policy=policy, extra_env=ident,
-        input=nul(paths))
+    # Nothing else staged: the index is HEAD plus exactly ``paths``, commit it as it is. Else (the operator's
+    # own staged files, in place) ``--only`` them, on stdin (git matches each path against each: slower).
+    only = (*FROM_STDIN,) if ours < len(staged) else ()
+    git(repo, "commit", "-q", "--no-verify", "-m", message, *only, policy=policy, extra_env=ident,
+        input=nul(paths) if only else None)
     return head(repo)
-
-
-def named(path: str, want: set[str]) -> bool:
-    """Whether the literal pathspecs ``want`` match ``path``: it, or a directory above it, is one of them
-    (``dir`` or ``dir/``, as ``status`` names an untracked repository inside the tree)."""
-    parts = path.split("/")
-    for i in range(len(parts), 0, -1):
-        up = "/".join(parts[:i])
-        if up in want or up + "/" in want:
-            return True
-    return False
 
 
 def restore_cycle(repo: Path, start: str | None, paths_before: set[str], policy: GitPolicy = SAFE) -> list[str]:
@@ -102,12 +96,10 @@ def restore_cycle(repo: Path, start: str | None, paths_before: set[str], policy:
     """
     ident = identity(repo)
     touched = sorted(p for p in dirty_paths(repo) - paths_before if not is_internal(p))
-    tracked = ls_files(repo, touched)
-    restore = [p for p in touched if p in tracked]
-    if restore:
-        git(repo, "checkout", "-q", "HEAD", *FROM_STDIN, policy=policy, input=nul(restore))
+    in_head = reset_index(repo, head(repo), touched, policy=policy)  # the index entries as HEAD has them
+    checkout_index(repo, sorted(in_head), policy=policy)  # and their files
     for p in touched:
-        if p not in tracked:
+        if p.rstrip("/") not in in_head:
             target = repo / p
             if target.is_file() or target.is_symlink():
                 target.unlink()
@@ -147,8 +139,7 @@ def save_uncommitted(repo: Path, paths: Iterable[str], cycle: int, message: str,
         base = head(repo)
         if base:
             git(repo, "read-tree", base, extra_env=env)
-        if paths:
-            git(repo, "add", "-A", *FROM_STDIN, extra_env=env, input=nul(paths))
+        stage(repo, paths, extra_env=env)
         tree = git(repo, "write-tree", extra_env=env).strip()
         parent = ["-p", base] if base else []
         sha = git(repo, "commit-tree", tree, *parent, "-m", message, extra_env=env).strip()
@@ -175,10 +166,10 @@ def restore_paths(repo: Path, paths: Iterable[str]) -> None:
         for p in paths:
             if p not in known and ((repo / p).is_file() or (repo / p).is_symlink()):
                 (repo / p).unlink()
-        if known:
-            git(repo, "checkout-index", "-f", "-q", "-z", "--stdin", extra_env=env, input=nul(sorted(known)))
-    if base and paths:
-        run_git(repo, "reset", "-q", base, *FROM_STDIN, input=nul(paths))
+        checkout_index(repo, sorted(known), extra_env=env)
+    if base:
+        with contextlib.suppress(GitError):  # best effort, as said
+            reset_index(repo, base, paths)
 
 
 def changed(repo: Path, old: str, new: str) -> set[str]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from evolve.git import land
 from evolve.git.change import changed, dirty_paths
 from evolve.git.gitdir import busy, index_lock, operating_on
-from evolve.git.pathargs import FROM_STDIN, nul, quoted
+from evolve.git.pathargs import checkout_index, quoted, reset_index
 from evolve.git.refs import head, is_ancestor, rev
 from evolve.git.run import SAFE, GitError, GitPolicy, git, identity, run_git
 from evolve.git.worktree import Checkout, checkouts
@@ -252,13 +252,12 @@ def finish(checkout: Path, branch: str, old: str, new: str, policy: GitPolicy = 
         git(checkout, "read-tree", new, extra_env=env)
         stale = [p for p in paths if p in in_new and found[p] != Version.NEW]
         if stale:
-            git(checkout, "checkout-index", "-f", "-q", "-z", "--stdin", extra_env=env, policy=policy,
-                input=nul(stale))
+            checkout_index(checkout, stale, extra_env=env, policy=policy)
     for p in paths:
         if p not in in_new and os.path.lexists(checkout / p) and not os.path.isdir(checkout / p):
             (checkout / p).unlink()
     if paths:
-        git(checkout, "reset", "-q", new, *FROM_STDIN, policy=policy, input=nul(paths))  # the index entries only
+        reset_index(checkout, new, paths, policy=policy)  # the index entries, nothing else
     if tip == old and run_git(checkout, "update-ref", "-m", "evolve: land (finished)", branch, new,
                               old).returncode != 0:
         raise GitError(f"cannot move {branch} to {new[:12]}")

@@ -6,17 +6,18 @@ and a failed apply leaves the tree as it was.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 from pathlib import Path
 
 from evolve.git.change import dirty_paths, is_internal
-from evolve.git.pathargs import FROM_STDIN, nul
+from evolve.git.pathargs import reset_index
 from evolve.git.run import GitError, run_git
 
 
-def _git(repo: Path, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess[str]:
+def _git(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
     # evolve's own git (no hooks, no repo-chosen programs, an allow-listed env): never the API key.
-    return run_git(repo, *args, input=input)
+    return run_git(repo, *args)
 
 
 def apply(repo: Path, patch: Path, diff: str) -> str:
@@ -66,12 +67,9 @@ def _in_head(repo: Path, path: str) -> bool:
 
 
 def _unstage(repo: Path, paths: list[str]) -> None:
-    if not paths:
-        return  # an empty pathspec list would be the whole index
-    if _git(repo, "rev-parse", "--verify", "-q", "HEAD").returncode == 0:
-        _git(repo, "reset", "-q", *FROM_STDIN, input=nul(paths))
-    else:
-        _git(repo, "rm", "-q", "--cached", "-r", "--ignore-unmatch", *FROM_STDIN, input=nul(paths))
+    born = _git(repo, "rev-parse", "--verify", "-q", "HEAD").returncode == 0
+    with contextlib.suppress(GitError):  # as ``git reset`` was: best effort, the apply itself succeeded
+        reset_index(repo, "HEAD" if born else None, paths)  # without HEAD: ``rm --cached``
 
 
 def _restore(repo: Path, paths: list[str]) -> None:
