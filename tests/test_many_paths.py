@@ -112,23 +112,31 @@ def test_named_table(path: str, want: set[str], hit: bool) -> None:
     assert pathargs.named(path, want) is hit
 
 
+A, B, C = "a" * 40, "b" * 40, "c" * 40
+Z = "0" * 40
+
+
 @pytest.mark.parametrize(("tree", "index", "want", "records"), [
     # an entry the commit has is given back; one it lacks is dropped, first
-    (["100644 blob " + "a" * 40 + "\ta.txt"], ["a.txt", "new.txt"], {"a.txt", "new.txt"},
-     ["0 " + "0" * 40 + "\tnew.txt", "100644 blob " + "a" * 40 + "\ta.txt"]),
-    # what ``want`` does not name is left as it is
-    (["100644 blob " + "a" * 40 + "\ta.txt"], ["a.txt", "mine.txt"], {"a.txt"},
-     ["100644 blob " + "a" * 40 + "\ta.txt"]),
+    ([f"100644 blob {A}\ta.txt"], [f"100644 {B} 0\ta.txt", f"100644 {C} 0\tnew.txt"], {"a.txt", "new.txt"},
+     [f"0 {Z}\tnew.txt", f"100644 blob {A}\ta.txt"]),
+    # one already as the commit has it is left alone; what ``want`` does not name too
+    ([f"100644 blob {A}\ta.txt", f"100644 blob {B}\tb.txt"], [f"100644 {A} 0\ta.txt", f"100644 {C} 0\tb.txt",
+                                                              f"100644 {C} 0\tmine.txt"], {"a.txt", "b.txt"},
+     [f"100644 blob {B}\tb.txt"]),
+    # a mode change is a change; an unmerged path is given its entry whatever its stages hold
+    ([f"100755 blob {A}\tx", f"100644 blob {A}\tu"], [f"100644 {A} 0\tx", f"100644 {A} 1\tu", f"100644 {B} 2\tu"],
+     {"x", "u"}, [f"100755 blob {A}\tx", f"100644 blob {A}\tu"]),
     # a directory names what is in it; "sub/" (a repository inside the tree) names its gitlink
-    (["100644 blob " + "b" * 40 + "\td/x", "160000 commit " + "c" * 40 + "\tsub"], ["d/y"], {"d", "sub/"},
-     ["0 " + "0" * 40 + "\td/y", "100644 blob " + "b" * 40 + "\td/x", "160000 commit " + "c" * 40 + "\tsub"]),
+    ([f"100644 blob {B}\td/x", f"160000 commit {C}\tsub"], [f"100644 {A} 0\td/y"], {"d", "sub/"},
+     [f"0 {Z}\td/y", f"100644 blob {B}\td/x", f"160000 commit {C}\tsub"]),
     # literal: "*" is the file called that
-    ([], ["*", "x"], {"*"}, ["0 " + "0" * 40 + "\t*"]),
+    ([], [f"100644 {A} 0\t*", f"100644 {A} 0\tx"], {"*"}, [f"0 {Z}\t*"]),
 ])
 def test_index_info_table(tree: list[str], index: list[str], want: set[str], records: list[str]) -> None:
-    out, have = pathargs.index_info(tree, index, want, "0" * 40)
+    out, have = pathargs.index_info(tree, index, want, Z)
     assert out == pathargs.nul(records)
-    assert have == {r.split("\t", 1)[1] for r in records if not r.startswith("0 ")}
+    assert have == {r.split("\t", 1)[1] for r in tree if pathargs.named(r.split("\t", 1)[1], want)}
 
 
 def _index(repo: Path) -> bytes:

@@ -149,12 +149,28 @@ def stage(repo: Path, paths: Iterable[str], *, policy: GitPolicy = SAFE,
 
 def index_info(tree: Iterable[str], index: Iterable[str], want: set[str], zero: str) -> tuple[bytes, set[str]]:
     """``update-index -z --index-info`` records that give the paths ``want`` names their entries in a
-    commit (``tree``: its ``ls-tree -r -z`` records) and drop those it lacks (``index``: the entries now),
-    removals first; and the paths the commit has (pure). ``zero``: an object name as long as the
-    repository's (a removal names none)."""
-    keep = [r for r in tree if "\t" in r and named(r.split("\t", 1)[1], want)]
-    have = {r.split("\t", 1)[1] for r in keep}
-    gone = sorted({p for p in index if p and p not in have and named(p, want)})
+    commit (``tree``: its ``ls-tree -r -z`` records, ``mode type name<TAB>path``) and drop those it lacks
+    (``index``: ``ls-files -s -z`` records, ``mode name stage<TAB>path``), removals first; and the paths
+    the commit has (pure). An entry already as the commit has it is left alone (its stat data too, so
+    ``status`` need not read the file again). ``zero``: an object name as long as the repository's."""
+    now: dict[str, tuple[str, str] | None] = {}
+    for rec in index:
+        meta, sep, path = rec.partition("\t")
+        parts = meta.split()
+        if sep and len(parts) == 3:
+            # an unmerged path (stage 1-3) is never "as the commit has it"
+            now[path] = (parts[0], parts[1]) if parts[2] == "0" and path not in now else None
+    keep: list[str] = []
+    have: set[str] = set()
+    for rec in tree:
+        meta, sep, path = rec.partition("\t")
+        parts = meta.split()
+        if not (sep and len(parts) == 3 and named(path, want)):
+            continue
+        have.add(path)
+        if now.get(path) != (parts[0], parts[2]):
+            keep.append(rec)
+    gone = sorted(p for p in now if p not in have and named(p, want))
     return nul([*(f"0 {zero}\t{p}" for p in gone), *keep]), have
 
 
@@ -170,7 +186,7 @@ def reset_index(repo: Path, commit: str | None, paths: Iterable[str], *, policy:
     tree = [r for r in listing.split("\0") if r]
     oid = (tree[0].split("\t", 1)[0].split()[2] if tree
            else git(repo, "hash-object", "--stdin", extra_env=extra_env, input=b"").strip())  # the empty blob's
-    index = git(repo, "ls-files", "-z", policy=policy, extra_env=extra_env).split("\0")
+    index = git(repo, "ls-files", "-s", "-z", policy=policy, extra_env=extra_env).split("\0")
     records, have = index_info(tree, index, want, "0" * len(oid))
     if records:
         git(repo, "update-index", "-z", "--index-info", policy=policy, extra_env=extra_env, input=records)
