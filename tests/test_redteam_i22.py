@@ -171,7 +171,7 @@ def test_a_change_of_twenty_thousand_paths_neither_crashes_the_fire_nor_wedges_e
     dead cycle's work is never kept under a ref. What must hold: a change of any number of paths is
     committed (or refused with a reason) and recorded; a dead cycle's work is set aside and the next
     fire works its next item."""
-    env.queue(entry("gen"))
+    env.queue(entry("gen", "small"))  # a next item whichever way the first fire ends
     env.steps([{"run": [[sys.executable, "-c", MANY_FILES]], "report": {"result": "improved"}},
                improved_step(path="small.txt", content="small\n")])
     start = head(env.repo)

@@ -285,6 +285,7 @@ def _apply_locked(paths: Any, ref: str, three_way: bool) -> int:
 
     from evolve import exitcodes
     from evolve.git import change as gitchange
+    from evolve.git import pathargs
     from evolve.git.run import git, run_git
     from evolve.status import setaside
 
@@ -299,8 +300,7 @@ def _apply_locked(paths: Any, ref: str, three_way: bool) -> int:
     dirty = gitchange.dirty_paths(repo) if touched else set()
     # A path it touches that is in the checkout but not tracked there is the operator's (ignored files too,
     # which `status` does not list). Literal pathspecs: a file named `*` is that file, not a glob.
-    tracked = set(git(repo, "ls-files", "-z", "--", *sorted(touched), extra_env={"GIT_LITERAL_PATHSPECS": "1"})
-                  .split("\0")) if touched else set()
+    tracked = pathargs.ls_files(repo, sorted(touched), extra_env={"GIT_LITERAL_PATHSPECS": "1"})
     present = {p for p in touched if p not in tracked and os.path.lexists(repo / p)}
     why = setaside.apply_refusal(a.kind, in_progress=in_progress, touched=touched, dirty=dirty, present=present)
     if why:

@@ -40,8 +40,8 @@ from evolve.childenv import BASE, FIRE, NETWORK, child_env, with_path
 from evolve.config import Config
 from evolve.cycle import probe, sees
 from evolve.cycle.gate import Red, excerpt, output_tail
+from evolve.git import pathargs, worktree
 from evolve.git import run as gitrun
-from evolve.git import worktree
 from evolve.paths import Paths
 from evolve.procgroup import Limits, run_group
 from evolve.store.atomic import open_artifact, read_json, write_json
@@ -269,9 +269,9 @@ def _open_parent(tree: Path, rel: str, *, create: bool) -> tuple[int, str]:
 def _tracked(tree: Path, paths: list[str]) -> set[str]:
     if not paths:
         return set()
-    out = gitrun.git(tree, "ls-files", "-z", "--", *paths)  # literal: evolve's git has GIT_LITERAL_PATHSPECS
-    found = {p for p in out.split("\0") if p}
-    return {p for p in paths if p in found or any(f.startswith(p.rstrip("/") + "/") for f in found)}
+    found = pathargs.ls_files(tree, paths)  # literal: evolve's git has GIT_LITERAL_PATHSPECS
+    dirs = {f.rsplit("/", i)[0] for f in found for i in range(1, f.count("/") + 1)}  # every directory above one
+    return {p for p in paths if p in found or p.rstrip("/") in dirs}
 
 
 def _in_checkout(repo: Path, rel: str) -> os.stat_result | None:
@@ -561,8 +561,7 @@ class Preparer:
                     finally:
                         os.close(fd)
             if s.restore:
-                gitrun.git(tree, "checkout", "-q", "--", *s.restore,
-                           policy=self.gate_policy)
+                pathargs.checkout_index(tree, s.restore, policy=self.gate_policy)
             if s.remove or s.restore:
                 self.log.warning("workspace.setup_output", removed=list(s.remove)[:20], restored=list(s.restore)[:20],
                                  why="setup wrote files the repository tracks or does not ignore")

@@ -1,14 +1,16 @@
 """What a cycle changed in a work tree, and committing, saving or undoing exactly that (docs/DESIGN.md §8).
 
-Always by explicit path and argv (never ``git add -A``); every git process through
-:func:`evolve.git.run.run_git`.
+Always by explicit path (never a bare ``git add -A``), the paths on git's stdin (:mod:`evolve.git.pathargs`:
+a change may name more than an argv holds); every git process through :func:`evolve.git.run.run_git`.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from pathlib import Path
 
+from evolve.git.pathargs import FROM_STDIN, checkout_index, ls_files, named, nul, reset_index, stage
 from evolve.git.refs import UNCOMMITTED_REF, free_ref, head
 from evolve.git.run import SAFE, GitError, GitPolicy, git, identity, run_git
 
@@ -71,11 +73,18 @@ def commit_paths(repo: Path, paths: Iterable[str], message: str, policy: GitPoli
     if not paths:
         return None
     ident = identity(repo)
-    git(repo, "add", "--", *paths, policy=policy)
-    staged = git(repo, "diff", "--cached", "--name-only", "-z", "--", *paths, policy=policy)
-    if not staged.strip("\0"):
+    stage(repo, paths, policy=policy)
+    staged = [p for p in git(repo, "diff", "--cached", "--name-only", "-z", "--no-renames",
+                             policy=policy).split("\0") if p]
+    want = set(paths)
+    ours = sum(1 for p in staged if named(p, want))
+    if not ours:
         return None
-    git(repo, "commit", "-q", "--no-verify", "-m", message, "--", *paths, policy=policy, extra_env=ident)
+    # Nothing else staged: the index is HEAD plus exactly ``paths``, commit it as it is. Else (the operator's
+    # own staged files, in place) ``--only`` them, on stdin (git matches each path against each: slower).
+    only = (*FROM_STDIN,) if ours < len(staged) else ()
+    git(repo, "commit", "-q", "--no-verify", "-m", message, *only, policy=policy, extra_env=ident,
+        input=nul(paths) if only else None)
     return head(repo)
 
 
@@ -87,11 +96,10 @@ def restore_cycle(repo: Path, start: str | None, paths_before: set[str], policy:
     """
     ident = identity(repo)
     touched = sorted(p for p in dirty_paths(repo) - paths_before if not is_internal(p))
-    tracked = set(git(repo, "ls-files", "-z", "--", *touched).split("\0")) if touched else set()
+    in_head = reset_index(repo, head(repo), touched, policy=policy)  # the index entries as HEAD has them
+    checkout_index(repo, sorted(in_head), policy=policy)  # and their files
     for p in touched:
-        if p in tracked:
-            git(repo, "checkout", "-q", "HEAD", "--", p, policy=policy)
-        else:
+        if p.rstrip("/") not in in_head:
             target = repo / p
             if target.is_file() or target.is_symlink():
                 target.unlink()
@@ -131,7 +139,7 @@ def save_uncommitted(repo: Path, paths: Iterable[str], cycle: int, message: str,
         base = head(repo)
         if base:
             git(repo, "read-tree", base, extra_env=env)
-        git(repo, "add", "-A", "--", *paths, extra_env=env)
+        stage(repo, paths, extra_env=env)
         tree = git(repo, "write-tree", extra_env=env).strip()
         parent = ["-p", base] if base else []
         sha = git(repo, "commit-tree", tree, *parent, "-m", message, extra_env=env).strip()
@@ -154,14 +162,14 @@ def restore_paths(repo: Path, paths: Iterable[str]) -> None:
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
         if base:
             git(repo, "read-tree", base, extra_env=env)
-        known = set(git(repo, "ls-files", "-z", "--", *paths, extra_env=env).split("\0")) - {""}
+        known = ls_files(repo, paths, extra_env=env)
         for p in paths:
             if p not in known and ((repo / p).is_file() or (repo / p).is_symlink()):
                 (repo / p).unlink()
-        if known:
-            git(repo, "checkout-index", "-f", "-q", "--", *sorted(known), extra_env=env)
+        checkout_index(repo, sorted(known), extra_env=env)
     if base:
-        run_git(repo, "reset", "-q", base, "--", *paths)
+        with contextlib.suppress(GitError):  # best effort, as said
+            reset_index(repo, base, paths)
 
 
 def changed(repo: Path, old: str, new: str) -> set[str]:

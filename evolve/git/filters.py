@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from evolve.git import approve, pins, trust
+from evolve.git.pathargs import nul
 from evolve.git.run import GitError, git, run_git
 
 # The attribute values that name no filter (``check-attr`` prints these for unset/unspecified).
 _NO_FILTER = frozenset({"unspecified", "unset", "set", ""})
-_CHUNK = 500  # paths per check-attr argv
 _ATTR_FILE_MAX = 1 << 20  # a .gitattributes larger than this is not copied (git itself reads at most 100 MB)
 _FILTER_KEYS = r"^(filter\..+\.(clean|smudge|process)|core\.attributesfile)$"
 APPROVE = "evolve doctor --trust-git-config"
@@ -120,11 +120,10 @@ def workspace_advice(error: str, unapproved: Iterable[str]) -> tuple[str, str]:
 
 
 def _check_attr(cwd: Path, paths: list[str], extra_env: Mapping[str, str] | None = None) -> dict[str, str]:
-    found: dict[str, str] = {}
-    for i in range(0, len(paths), _CHUNK):
-        found.update(parse_check_attr(git(cwd, "check-attr", "-z", "filter", "--", *paths[i:i + _CHUNK],
-                                          extra_env=extra_env)))
-    return found
+    if not paths:
+        return {}
+    # On stdin, NUL-separated: any number of paths, any name (pathargs.py).
+    return parse_check_attr(git(cwd, "check-attr", "-z", "--stdin", "filter", extra_env=extra_env, input=nul(paths)))
 
 
 def _local_attributes(tree: Path, listing: str) -> bool:

@@ -18,6 +18,7 @@ from pathlib import Path
 from evolve.git import land
 from evolve.git.change import changed, dirty_paths
 from evolve.git.gitdir import busy, index_lock, operating_on
+from evolve.git.pathargs import checkout_index, quoted, reset_index
 from evolve.git.refs import head, is_ancestor, rev
 from evolve.git.run import SAFE, GitError, GitPolicy, git, identity, run_git
 from evolve.git.worktree import Checkout, checkouts
@@ -230,7 +231,7 @@ def versions(checkout: Path, old: str, new: str, paths: list[str]) -> dict[str, 
     present = [p for p in paths if os.path.lexists(checkout / p) and not os.path.isdir(checkout / p)]
     now: dict[str, str] = {}
     if present:
-        out = git(checkout, "hash-object", "--", *present).split()
+        out = git(checkout, "hash-object", "--stdin-paths", input=quoted(present)).split()
         now = dict(zip(present, out, strict=False))
     found: dict[str, str] = {}
     for p in paths:
@@ -322,12 +323,12 @@ def finish(checkout: Path, branch: str, old: str, new: str, policy: GitPolicy = 
         git(checkout, "read-tree", new, extra_env=env)
         stale = [p for p in paths if p in in_new and found[p] != Version.NEW]
         if stale:
-            git(checkout, "checkout-index", "-f", "-q", "--", *stale, extra_env=env, policy=policy)
+            checkout_index(checkout, stale, extra_env=env, policy=policy)
     for p in paths:
         if p not in in_new and os.path.lexists(checkout / p) and not os.path.isdir(checkout / p):
             (checkout / p).unlink()
     if paths:
-        git(checkout, "reset", "-q", new, "--", *paths, policy=policy)  # the index entries, nothing else
+        reset_index(checkout, new, paths, policy=policy)  # the index entries, nothing else
     if tip == old and run_git(checkout, "update-ref", "-m", "evolve: land (finished)", branch, new,
                               old).returncode != 0:
         raise GitError(f"cannot move {branch} to {new[:12]}")

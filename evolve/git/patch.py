@@ -6,10 +6,12 @@ and a failed apply leaves the tree as it was.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 from pathlib import Path
 
 from evolve.git.change import dirty_paths, is_internal
+from evolve.git.pathargs import reset_index
 from evolve.git.run import GitError, run_git
 
 
@@ -65,10 +67,9 @@ def _in_head(repo: Path, path: str) -> bool:
 
 
 def _unstage(repo: Path, paths: list[str]) -> None:
-    if _git(repo, "rev-parse", "--verify", "-q", "HEAD").returncode == 0:
-        _git(repo, "reset", "-q", "--", *paths)
-    else:
-        _git(repo, "rm", "-q", "--cached", "-r", "--ignore-unmatch", "--", *paths)
+    born = _git(repo, "rev-parse", "--verify", "-q", "HEAD").returncode == 0
+    with contextlib.suppress(GitError):  # as ``git reset`` was: best effort, the apply itself succeeded
+        reset_index(repo, "HEAD" if born else None, paths)  # without HEAD: ``rm --cached``
 
 
 def _restore(repo: Path, paths: list[str]) -> None:

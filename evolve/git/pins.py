@@ -42,7 +42,8 @@ _OPERATOR = ("system", "global")
 # ``read-tree -u``); comparing one with the index may run the clean filter (``diff``, ``rm``).
 # Writing an index (``write-tree`` too) re-checks a racily clean entry against its file, through clean.
 _CONTENT = frozenset({"add", "apply", "checkout", "checkout-index", "cherry-pick", "clean", "commit",
-                      "commit-tree", "diff", "diff-files", "diff-index", "ls-files", "merge", "push", "read-tree",
+                      "commit-tree", "diff", "diff-files", "diff-index", "hash-object", "ls-files", "merge", "push",
+                      "read-tree",
                       "rebase", "reset", "restore", "revert", "rm", "stash", "status", "update-index", "worktree",
                       "write-tree"})
 

@@ -13,6 +13,7 @@ too) reaches this package for :func:`evolve.git.toplevel.git_toplevel`, which us
 from __future__ import annotations
 
 import contextlib
+import errno
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,8 +100,10 @@ def run_git(
     program-valued keys from the repository's own config are pinned unless approved; the environment is
     :func:`git_env`. Git runs in its own process group (a hook's children too) under
     ``min(timeout, policy.timeout_s)``, also capped by the running fire's remaining budget
-    (:func:`evolve.procgroup.capped`). Raises OSError when git cannot start and GitTimeout (a
-    GitError) when the limit passes: the group is killed and the caller's step fails.
+    (:func:`evolve.procgroup.capped`). Raises OSError when git cannot start, GitError when the argv is
+    too long for the kernel (``E2BIG``), and GitTimeout (a GitError) when the limit passes: the group is
+    killed and the caller's step fails. ``input``: git's stdin, for the lists of paths an argv cannot
+    hold (:mod:`evolve.git.pathargs`).
     """
     from evolve.procgroup import capped
 
@@ -124,7 +127,15 @@ def _run(argv: list[str], repo: Path, env: Mapping[str, str], limit: float,
 
     from evolve.procgroup import kill_group, progressed, spawn
 
-    proc = spawn(argv, cwd=repo, env=env, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL)
+    try:
+        proc = spawn(argv, cwd=repo, env=env, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL)
+    except OSError as exc:
+        if exc.errno != errno.E2BIG:
+            raise  # no git to run (not installed, no PATH): not a step that failed, the set-up is wrong
+        # A list of paths on the argv past ARG_MAX (evolve/git/pathargs.py keeps them off it): the step
+        # fails like any git step (a failed commit, its change kept), never the whole fire.
+        raise GitError(f"git {_verb(argv)} failed: its argument list is too long "
+                       f"({sum(len(a) + 1 for a in argv)} bytes)") from None
     try:
         out, err = proc.communicate(input=input, timeout=limit or None)
     except subprocess.TimeoutExpired:
@@ -173,8 +184,8 @@ def identity(repo: Path) -> dict[str, str]:
 
 
 def git(repo: Path, *args: str, check: bool = True, policy: GitPolicy = SAFE,
-        extra_env: Mapping[str, str] | None = None) -> str:
-    proc = run_git(repo, *args, policy=policy, extra_env=extra_env)
+        extra_env: Mapping[str, str] | None = None, input: bytes | None = None) -> str:
+    proc = run_git(repo, *args, policy=policy, extra_env=extra_env, input=input)
     if check and proc.returncode != 0:
         raise GitError(f"git {args[0]} failed: {proc.stderr.strip()[:300]}")
     return proc.stdout

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from evolve.git.pathargs import stage
 from evolve.git.refs import head, rev
 from evolve.git.run import SAFE, GitError, GitPolicy, git, identity, run_git
 
@@ -222,8 +223,7 @@ def save_tree(tree: Path, paths: Iterable[str], ref: str, message: str) -> str:
         base = head(tree)
         if base:
             git(tree, "read-tree", base, extra_env=env)
-        if paths:
-            git(tree, "add", "-A", "--", *paths, extra_env=env)
+        stage(tree, paths, extra_env=env)  # any number of paths, in linear time
         snap = git(tree, "write-tree", extra_env=env).strip()
         parent = ["-p", base] if base else []
         sha = git(tree, "commit-tree", snap, *parent, "-m", message, extra_env=env).strip()
