@@ -15,6 +15,8 @@ from pathlib import Path
 FITNESS_LATEST = "fitness-latest.json"
 FITNESS_LATEST_POST = "fitness-latest-post.json"
 FITNESS_BASELINES = "fitness-baselines"
+PROBE_FILE = "workspace-probe.json"  # the gate probe's last answer (cycle/probe.py; status reads it)
+SETUP_FILE = "workspace-setup.json"  # the last workspace setup's stamp (cycle/setup.py)
 
 
 def operator_root(path: Path, repo: Path) -> Path:

@@ -24,8 +24,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-PROBE_FILE = "workspace-probe.json"  # the last probe's answer, in the state dir (status reads it)
-SETUP_FILE = "workspace-setup.json"  # the last setup's stamp, in the state dir
 MAX_NAMES = 12  # top-level import names probed per project
 
 _PYTHON = re.compile(r"(python|pypy)(\d+(\.\d+)*)?")

@@ -42,7 +42,7 @@ from evolve.cycle import probe, sees
 from evolve.cycle.gate import Red, excerpt, output_tail
 from evolve.git import pathargs, worktree
 from evolve.git import run as gitrun
-from evolve.paths import Paths
+from evolve.paths import PROBE_FILE, SETUP_FILE, Paths
 from evolve.procgroup import Limits, run_group
 from evolve.store.atomic import open_artifact, read_json, write_json
 from evolve.store.dirfd import ensure_dir
@@ -395,8 +395,8 @@ class Preparer:
         self.paths, self.cfg, self.env, self.log, self.stop = paths, cfg, env, log, stop
         self.ws: Any = None
         self.placed = False  # links and copies: once per fire
-        self.stamp_path = paths.evolve_dir / probe.SETUP_FILE
-        self.probe_path = paths.evolve_dir / probe.PROBE_FILE
+        self.stamp_path = paths.evolve_dir / SETUP_FILE
+        self.probe_path = paths.evolve_dir / PROBE_FILE
         self.gate_policy = gitrun.GitPolicy(run_hooks=cfg.git.run_hooks, sign=cfg.git.sign,
                                             timeout_s=cfg.git.timeout_s)
 

@@ -35,7 +35,7 @@ from typing import Any
 
 from evolve.cycle import halt as step1
 from evolve.harness import autocompact
-from evolve.paths import Paths
+from evolve.paths import PROBE_FILE, SETUP_FILE, Paths
 from evolve.results import COMMIT_FAILED, FAILURES, is_idle_poll
 from evolve.status import landing, setaside
 from evolve.status.schedule import NextFire, next_fire
@@ -451,10 +451,8 @@ def _preflight(cfg: Any, env: Mapping[str, str]) -> list[str]:
 def _workspace(paths: Paths, cfg: Any) -> list[str]:
     """What the last fire found wrong with the worktree (docs/DESIGN.md §8.4), while the config it
     was found with still holds: a failed setup, or a gate that would test your checkout's code."""
-    from evolve.cycle import probe
-
     out = []
-    stamp = read_json(paths.evolve_dir / probe.SETUP_FILE)
+    stamp = read_json(paths.evolve_dir / SETUP_FILE)
     if (isinstance(stamp, dict) and stamp.get("ok") is False and stamp.get("phase") == "before_claim"
             and not stamp.get("interrupted") and cfg.workspace.setup):
         failed = stamp.get("failed") if isinstance(stamp.get("failed"), dict) else {}
@@ -462,9 +460,12 @@ def _workspace(paths: Paths, cfg: Any) -> list[str]:
         out.append(f"workspace setup failed (fires exit 78 before claiming work): {failed.get('command')!r} "
                    f"{failed.get('detail')}{': ' + tail if tail else ''}; fix it (output in "
                    "runs/workspace-setup.log), the next fire runs it again")
-    rec = read_json(paths.evolve_dir / probe.PROBE_FILE)
-    if (isinstance(rec, dict) and cfg.workspace.probe and rec.get("problems")
-            and rec.get("config") == probe.config_key(cfg.gate.commands, cfg.workspace)):
+    rec = read_json(paths.evolve_dir / PROBE_FILE)
+    if not (isinstance(rec, dict) and cfg.workspace.probe and rec.get("problems")):
+        return out
+    from evolve.cycle.probe import config_key  # only with a problem to show: a start-up path (bench/status_startup.py)
+
+    if rec.get("config") == config_key(cfg.gate.commands, cfg.workspace):
         first = rec["problems"][0] if isinstance(rec["problems"][0], dict) else {}
         out.append(f"the gate would not test the worktree's code (fires exit 78 before claiming work): "
                    f"{first.get('message')}; fix: {first.get('fix')}")
