@@ -8,6 +8,7 @@ on a real APScheduler with a memory job store, paused so nothing runs.
 from __future__ import annotations
 
 import datetime as dt
+import os
 import threading
 import time
 from pathlib import Path
@@ -183,10 +184,32 @@ def faked_daemon(env, offset: Path):
 
     env.write_config(schedule={"cron": "*/30 * * * *"})
     offset.write_text("+0\n")
+    site = env.root / "faketime-site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(SLEEP_SHIM, encoding="utf-8")
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
     return start_daemon(env, extra_env={
         "LD_PRELOAD": str(LIBFAKETIME), "FAKETIME_TIMESTAMP_FILE": str(offset), "FAKETIME_NO_CACHE": "1",
-        "FAKETIME_DONT_FAKE_MONOTONIC": "1", "WATCHDOG_USEC": "400000",
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1", "WATCHDOG_USEC": "400000", "PYTHONPATH": path,
     })
+
+
+# libfaketime 0.9.10 (Debian) with FAKETIME_DONT_FAKE_MONOTONIC=1 fails every
+# clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME) with EINVAL, and that is how Python 3.11's
+# time.sleep waits. subprocess's wait with a timeout sleeps in a loop when git has closed its pipes but
+# not yet exited, so any git call of the daemon's fire could die of it (a race: seen once in CI as
+# "OSError: [Errno 22]" in Popen._wait). select's timeout is not faked: the daemon under the faked clock
+# sleeps through it. Only this test's daemon gets the shim; a real host's time.sleep works.
+SLEEP_SHIM = """import select
+import time
+
+
+def _sleep(seconds):
+    select.select([], [], [], max(0.0, seconds))
+
+
+time.sleep = _sleep
+"""
 
 
 needs_faketime = pytest.mark.skipif(LIBFAKETIME is None, reason="libfaketime (Debian package faketime) is missing")
