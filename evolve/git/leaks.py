@@ -96,7 +96,7 @@ class Finding:
         if self.where == PERSON:
             return f"commit {c}'s author or committer holds {self.what}"
         if self.where == NAME:
-            return f"commit {c} adds a file whose name holds {self.what}: {self.path}"
+            return f"commit {c} adds a file {self.path} whose name holds {self.what}"  # never "NAME_TOKEN: x"
         return f"commit {c} adds a line holding {self.what} to {self.path}"
 
     def warning(self) -> str:
@@ -106,7 +106,7 @@ class Finding:
         if self.where == PERSON:
             return f"commit {c}'s author or committer holds what looks like {self.what}"
         if self.where == NAME:
-            return f"commit {c} adds a file whose name looks like {self.what}: {self.path}"
+            return f"commit {c} adds a file {self.path} whose name holds what looks like {self.what}"
         return f"commit {c} adds what looks like {self.what} to {self.path}"
 
 
