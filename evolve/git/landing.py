@@ -140,7 +140,7 @@ def _text(b: bytes) -> str:
 def _messages(repo: Path, span: str) -> Iterator[tuple[str, str, str]]:
     """(commit, PERSON or MESSAGE, one line) of each commit's author, committer and message."""
     sha, header = "", 0
-    for line in stream_git(repo, "log", "--no-color", "--format=%x00%H%n%an <%ae>%n%cn <%ce>%n%B", span):
+    for line in stream_git(repo, "log", "--no-color", "--format=%x00%H%n%an <%ae>%n%cn <%ce>%n%B", span, "--"):
         if line.startswith(b"\0") and len(line) >= 41:
             sha, header = line[1:41].decode("ascii", "replace"), 2
             continue
@@ -154,7 +154,7 @@ def _messages(repo: Path, span: str) -> Iterator[tuple[str, str, str]]:
 def _names(repo: Path, span: str) -> Iterator[tuple[str, str]]:
     """(commit, path) of each file a commit adds or changes (as ``too_large`` walks them: ``--raw -z``)."""
     out = git(repo, "log", "--raw", "-z", "--no-abbrev", "--no-renames", "--diff-merges=first-parent",
-              "--format=%H", span)
+              "--format=%H", span, "--")
     fields = out.split("\0")
     sha, i = "", 0
     while i < len(fields):
@@ -180,7 +180,7 @@ def _added_lines(repo: Path, span: str) -> Iterator[tuple[str, str, str]]:
     sha, path, add, rm = "", "", 0, 0
     for line in stream_git(repo, "log", "-p", "-U0", "--text", "--no-color", "--no-ext-diff", "--no-textconv",
                            "--no-renames", "--diff-merges=first-parent", "--submodule=short",
-                           "--src-prefix=a/", "--dst-prefix=b/", "--format=%x00%H", span):
+                           "--src-prefix=a/", "--dst-prefix=b/", "--format=%x00%H", span, "--"):
         if add or rm:
             if line.startswith(b"+") and add:
                 add -= 1
