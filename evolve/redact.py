@@ -78,6 +78,35 @@ def _replace(m: re.Match[str]) -> str:
     return MASK
 
 
+# What :func:`shapes` calls each kind it finds, by how the match starts (first match wins). The generic
+# ``password=``/``token:``/``Bearer``/cookie forms are left out: code is full of ``token = get_token()``.
+_KINDS = (
+    ("-----BEGIN", "a private key block"), ("https://hooks.slack.com/", "a Slack webhook URL"),
+    ("https://", "a Discord webhook URL"), ("eyJ", "a JWT"), ("sk-", "an API key (sk-...)"),
+    ("gh", "a GitHub token"), ("github_pat_", "a GitHub token"), ("xox", "a Slack token"),
+    ("xapp-", "a Slack token"), ("AKIA", "an AWS access key id"), ("ASIA", "an AWS access key id"),
+    ("glpat-", "a GitLab token"), ("npm_", "an npm token"), ("AIza", "a Google API key"),
+)
+
+
+def shapes(text: str) -> list[str]:
+    """The kinds of well-known secret shapes in ``text`` (a PEM private key, ``ghp_...``, ``AKIA...``, a URL
+    with a password), one per match, in order: what looks like a secret, whatever its value."""
+    low = text.lower()
+    if not any(t in low for t in _TRIGGERS):
+        return []
+    out: list[str] = []
+    for m in _SHAPES.finditer(text):
+        if m.group("keep1") is not None:
+            out.append("a URL with a password")
+            continue
+        if any(m.group(g) is not None for g in _KEEP):
+            continue
+        found = m.group(0)
+        out.append(next((kind for start, kind in _KINDS if found.startswith(start)), "a token"))
+    return out
+
+
 def _prefix_pattern(value: str) -> str:
     """``abcdefgh`` -> ``abcdef(?:g(?:h)?)?``: the literal's first MIN_PREFIX characters or more."""
     head, rest = re.escape(value[:MIN_PREFIX]), value[MIN_PREFIX:]
@@ -193,4 +222,4 @@ def current() -> Redactor:
     return _default[1]
 
 
-__all__ = ["MASK", "MIN_LITERAL", "Redactor", "activate", "current", "env_literals", "secret_name"]
+__all__ = ["MASK", "MIN_LITERAL", "Redactor", "activate", "current", "env_literals", "secret_name", "shapes"]

@@ -52,8 +52,9 @@ COMMIT_FAILED = "commit_failed"
 # not replay onto it, or are red there. Kept under ``refs/evolve/unlanded/<cycle>``; the item is released
 # and not charged an attempt (it did nothing wrong), and it is retried on the new base.
 LAND_FAILED = "land_conflict"
-# The change may never land as it is (a file over [git] max_file_mb), or the agent left the cycle's line
-# (checked out another branch, moved HEAD): kept under refs/evolve/unlanded/<cycle>; an attempt is charged.
+# The change may never land as it is (a commit holds a secret's value, a file over [git] max_file_mb), or the
+# agent left the cycle's line (checked out another branch, moved HEAD): kept under refs/evolve/unlanded/<cycle>;
+# an attempt is charged.
 LAND_REFUSED = "land_refused"
 # The mode of a ledger entry that records a landing made after its cycle (``pending_cycle`` names it).
 LAND_MODE = "land"

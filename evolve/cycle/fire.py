@@ -56,6 +56,7 @@ from evolve.cycle.pending import Held
 from evolve.cycle.select import Selector
 from evolve.git import change as gitchange
 from evolve.git import filters as gitfilters
+from evolve.git import leaks
 from evolve.git import refs as gitrefs
 from evolve.git import run as gitrun
 from evolve.git import trust as gittrust
@@ -254,6 +255,14 @@ class Fire:
         self.paths.cycle_state.unlink(missing_ok=True)
         return self._ended(outcome)
 
+    def _secrets(self) -> leaks.Secrets:
+        """The values no landing may hold (§8.3 *Secrets*): what the redactor masks (this process's environment
+        and the fire's), what any ``pass_env`` hands a child, the HTTP runner's credential."""
+        c = self.cfg
+        passed = (*c.agent.pass_env, *c.gate.pass_env, *c.work.pass_env, *c.workspace.pass_env, *c.halt.pass_env,
+                  *c.notify.pass_env)
+        return leaks.held({**os.environ, **self.env}, passed, (c.agent.api_key_env,))
+
     def _open_workspace(self, outcome: FireOutcome) -> bool:
         """The agent's tree for this fire (§8.3): made, a dead cycle's work set aside, waiting commits
         landed (and recorded), standing at the base. False (the fire ends, exit 1) when git cannot give us
@@ -263,6 +272,7 @@ class Fire:
         try:
             ws = workspace.open_workspace(
                 self.paths.repo, self.paths, self.cfg.git, self.gate.git_policy, self.log, regate=self.gate.regate,
+                secrets=self._secrets(),
             )
             ws.prepare(self.ledger.last_cycle())
         except (gitrun.GitError, OSError) as exc:

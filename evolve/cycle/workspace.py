@@ -32,7 +32,7 @@ from evolve import crashpoint
 from evolve.cycle import pending as pend
 from evolve.cycle.pending import Chain, Held, Intent
 from evolve.git import change as gitchange
-from evolve.git import gitdir, land, landing, worktree
+from evolve.git import gitdir, land, landing, leaks, worktree
 from evolve.git import refs as gitrefs
 from evolve.git.land import Step
 from evolve.git.run import GitError, GitPolicy, git, identity, run_git
@@ -72,7 +72,7 @@ class Land(StrEnum):
     LANDED = "landed"  # on the branch (and in the operator's checkout when it has the branch)
     PENDING = "pending"  # waits under refs/evolve/pending/<branch>, with the reason
     CONFLICT = "conflict"  # the branch moved and the chain does not replay, or is red on it: unlanded
-    REFUSED = "refused"  # the chain may not land as it is (a file over max_file_mb): unlanded
+    REFUSED = "refused"  # the chain may not land as it is (a secret's value, a file over max_file_mb): unlanded
     INTERRUPTED = "interrupted"  # a KILL or signal came first: nothing landed, the work kept
 
 
@@ -95,13 +95,15 @@ class Landing:
     ref: str | None = None  # where it waits (pending) or was kept (conflict, refused, interrupted)
     detail: str = ""
     settled: tuple[Settled, ...] = ()  # earlier cycles of the chain this landing settled too
+    secret_shapes: tuple[str, ...] = ()  # what only looks like a secret in the chain: a warning (§8.3 Secrets)
 
     @property
     def fields(self) -> dict[str, Any]:
+        shapes = {"secret_shapes": list(self.secret_shapes)} if self.secret_shapes else {}
         if self.outcome is Land.PENDING:
-            return {"landed": False, "pending_ref": self.ref, "pending_reason": self.detail[:300]}
+            return {"landed": False, "pending_ref": self.ref, "pending_reason": self.detail[:300], **shapes}
         if self.outcome is Land.LANDED:
-            return {"landed": True}
+            return {"landed": True, **shapes}
         return {}
 
 
@@ -166,6 +168,7 @@ class Isolated:
     def __init__(
         self, repo: Path, tree: Path, branch: str, policy: GitPolicy, log: Any, paths: Paths,
         regate: Regate | None = None, limit_mb: float = 0.0, adopt: bool = False,
+        secrets: leaks.Secrets | None = None,
     ) -> None:
         self.repo, self.tree, self.branch = repo, tree, branch
         self.policy = policy
@@ -173,6 +176,7 @@ class Isolated:
         self.paths = paths
         self.regate = regate  # the gate commands, run in the worktree after a replay: a red reason or None
         self.limit_mb = limit_mb
+        self.secrets = secrets or leaks.Secrets()  # the values no landing may hold (§8.3 Secrets)
         self.adopt = adopt  # evolve's default path: a worktree there without the mark is an older evolve's
         self.pending_ref = gitrefs.PENDING_REF + land.short_branch(branch)
         self.settled: list[Settled] = []  # waiting cycles settled by a landing: the fire records them
@@ -423,10 +427,23 @@ class Isolated:
         return list(got.settled)
 
     def _drive(self, kind: str, chain: Chain, cycle: int, stop: threading.Event | None) -> Landing:
-        """Plan, apply, plan again: until the chain is on the branch, waits, or cannot land."""
+        """Plan, apply, plan again: until the chain is on the branch, waits, or cannot land. What only looks
+        like a secret in the chain is said once (``land.secret_shapes``) and recorded with the landing."""
+        shapes: list[tuple[str, ...]] = []
+        got = self._steps(kind, chain, cycle, stop, shapes)
+        if shapes and shapes[0]:
+            self.log.warning("land.secret_shapes", sha=chain.new, branch=chain.branch, found=list(shapes[0]))
+            return replace(got, secret_shapes=shapes[0])
+        return got
+
+    def _steps(self, kind: str, chain: Chain, cycle: int, stop: threading.Event | None,
+               shapes: list[tuple[str, ...]]) -> Landing:
         for _ in range(LAND_ATTEMPTS):
             snap = landing.snapshot(self.repo, landing.Want(chain.branch, chain.base, chain.new),
-                                    limit_mb=self.limit_mb, stopping=bool(stop and stop.is_set()))
+                                    limit_mb=self.limit_mb, stopping=bool(stop and stop.is_set()),
+                                    secrets=self.secrets)
+            if not shapes:
+                shapes.append(snap.secret_shapes)
             plan = land.plan(snap)
             if plan.step is Step.NOTHING:
                 return Landing(Land.NOTHING)
@@ -572,7 +589,7 @@ def tree_path(repo: Path, evolve_dir: Path, cfg_git: Any) -> Path:
 
 
 def open_workspace(repo: Path, paths: Paths, cfg_git: Any, policy: GitPolicy, log: Any,
-                   regate: Regate | None = None) -> Workspace:
+                   regate: Regate | None = None, secrets: leaks.Secrets | None = None) -> Workspace:
     """The configured workspace. The caller has checked the operator is not mid-operation (:func:`busy`)."""
     if cfg_git.isolation != "worktree":
         return InPlace(repo, policy, log)
@@ -580,7 +597,7 @@ def open_workspace(repo: Path, paths: Paths, cfg_git: Any, policy: GitPolicy, lo
     if branch is None:
         raise GitError("HEAD is detached or its branch has no commit: nothing to land on")
     return Isolated(repo, tree_path(repo, paths.evolve_dir, cfg_git), branch, policy, log, paths, regate,
-                    float(getattr(cfg_git, "max_file_mb", 0.0) or 0.0), adopt=not cfg_git.worktree_dir)
+                    float(getattr(cfg_git, "max_file_mb", 0.0) or 0.0), adopt=not cfg_git.worktree_dir, secrets=secrets)
 
 
 def busy(repo: Path) -> str:

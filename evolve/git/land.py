@@ -6,7 +6,7 @@ them was made. :func:`plan` says what to do next with it; the shell (:mod:`evolv
 the snapshot, applies the step and asks again, until the chain is on the branch, waits, or cannot
 land. Nothing here reads a file or starts git, so every rule is a row of a table test.
 
-The rules keep three promises:
+The rules keep four promises:
 
 * only the chain lands: when the branch moved (the operator committed, or dropped or amended a
   commit), the chain ``base..new`` is replayed onto the branch as it is now and gated again there;
@@ -14,6 +14,8 @@ The rules keep three promises:
 * the operator's files are never overwritten: a landing that writes a path their checkout has
   changed, staged, untracked or ignored (or a path below something that is not a directory there)
   waits, with the reason;
+* nothing lands that holds the value of a secret evolve holds or passes (:mod:`evolve.git.leaks`), in any
+  commit of the chain: its messages, its file names, its added lines;
 * nothing lands once the operator asked the cycle to stop (KILL, SIGTERM), and nothing lands while
   their checkout is mid-rebase, -merge, -cherry-pick or -bisect.
 """
@@ -23,13 +25,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from evolve.git import leaks
+
 SHOWN_PATHS = 5  # paths named in a reason; the rest are counted
 
 
 class Step(StrEnum):
     NOTHING = "nothing"  # the chain is empty (no commit to land)
     STOP = "stop"  # a KILL or signal: land nothing, keep the commits
-    REFUSE = "refuse"  # the chain may never land as it is (a file over [git] max_file_mb): kept unlanded
+    REFUSE = "refuse"  # the chain may never land as it is (a secret's value, a file over max_file_mb): kept unlanded
     GONE = "gone"  # the branch no longer exists: kept unlanded
     REPLAY = "replay"  # the branch moved: replay base..new onto its tip, gate again, plan again
     CAS = "cas"  # nobody has the branch checked out: compare-and-swap the ref
@@ -51,6 +55,9 @@ class Snapshot:
     in_the_way: tuple[str, ...] = ()  # landing paths the holder has changed, untracked or ignored
     too_large: tuple[tuple[str, int], ...] = ()  # (path, bytes) over the limit
     limit_mb: float = 0.0
+    secrets: tuple[str, ...] = ()  # where the chain holds a secret evolve holds (masked: the variable, no value)
+    secrets_more: int = 0  # hits past the ones ``secrets`` keeps
+    secret_shapes: tuple[str, ...] = ()  # what only looks like a secret (a fixture's token): a warning, never a refusal
     stopping: bool = False  # KILL or a signal arrived: nothing may land now
     base_on_branch: bool = True  # base is still an ancestor of tip (False: the operator rewrote history)
 
@@ -67,6 +74,8 @@ def plan(s: Snapshot) -> Plan:
         return Plan(Step.NOTHING)
     if s.stopping:
         return Plan(Step.STOP, "the cycle was asked to stop (KILL or a signal): nothing lands")
+    if s.secrets:  # before a file's size: an operator who fixes only that must not apply a leak
+        return Plan(Step.REFUSE, leaks.refusal(s.secrets, s.secrets_more))
     if s.too_large:
         return Plan(Step.REFUSE, too_large_reason(s.too_large, s.limit_mb))
     if s.tip is None:

@@ -10,17 +10,19 @@ short by a death leaves in the operator's checkout is finished here too (:func:`
 from __future__ import annotations
 
 import os
+import re
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from evolve.git import land
 from evolve.git.change import changed, dirty_paths
 from evolve.git.gitdir import busy, index_lock, operating_on
+from evolve.git.leaks import MESSAGE, PERSON, Found, Secrets, scan
 from evolve.git.pathargs import checkout_index, quoted, reset_index
 from evolve.git.refs import head, is_ancestor, rev
-from evolve.git.run import SAFE, GitError, GitPolicy, git, identity, run_git
+from evolve.git.run import SAFE, GitError, GitPolicy, git, identity, run_git, stream_git
 from evolve.git.worktree import Checkout, checkouts
 
 LS_TREE_ARGS_MAX = 200  # beyond this many paths, list the whole tree once instead of naming each
@@ -120,6 +122,82 @@ def too_large(repo: Path, base: str, new: str, limit_mb: float) -> tuple[tuple[s
     return tuple(sorted(found.items()))
 
 
+def leaks(repo: Path, base: str, new: str, secrets: Secrets, *, content: bool = True) -> Found:
+    """What every commit of ``base..new`` holds of ``secrets`` (hits) and of secrets' shapes (warnings):
+    authors, committers and messages, the names of the files each adds or changes, every line each adds
+    (docs/DESIGN.md §8.3, *Secrets*). Streamed through :func:`evolve.git.leaks.scan`: nothing but the
+    findings is held, whatever the change's size. ``content``: False when a file is over ``max_file_mb``
+    (the chain is refused for that already): its lines are not read, the names and messages still are.
+    A merge the agent made is read against its first parent, so what it brings in is read too."""
+    span = f"{base}..{new}"
+    return scan(secrets, _messages(repo, span), _names(repo, span), _added_lines(repo, span) if content else ())
+
+
+def _text(b: bytes) -> str:
+    return b.decode("utf-8", "surrogateescape").rstrip("\n")
+
+
+def _messages(repo: Path, span: str) -> Iterator[tuple[str, str, str]]:
+    """(commit, PERSON or MESSAGE, one line) of each commit's author, committer and message."""
+    sha, header = "", 0
+    for line in stream_git(repo, "log", "--no-color", "--format=%x00%H%n%an <%ae>%n%cn <%ce>%n%B", span, "--"):
+        if line.startswith(b"\0") and len(line) >= 41:
+            sha, header = line[1:41].decode("ascii", "replace"), 2
+            continue
+        if header:
+            header -= 1
+            yield sha, PERSON, _text(line)
+        else:
+            yield sha, MESSAGE, _text(line)
+
+
+def _names(repo: Path, span: str) -> Iterator[tuple[str, str]]:
+    """(commit, path) of each file a commit adds or changes (as ``too_large`` walks them: ``--raw -z``)."""
+    out = git(repo, "log", "--raw", "-z", "--no-abbrev", "--no-renames", "--diff-merges=first-parent",
+              "--format=%H", span, "--")
+    fields = out.split("\0")
+    sha, i = "", 0
+    while i < len(fields):
+        f = fields[i].strip("\n")
+        if f.startswith(":") and i + 1 < len(fields):
+            parts = f[1:].split()
+            if len(parts) >= 5 and parts[4][:1] in "AMT":
+                yield sha, fields[i + 1]
+            i += 2
+            continue
+        if f:
+            sha = f
+        i += 1
+
+
+_HUNK = re.compile(rb"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
+
+
+def _added_lines(repo: Path, span: str) -> Iterator[tuple[str, str, str]]:
+    """(commit, path, line) of each line a commit adds: ``log -p -U0``, every file as text (an attribute that
+    calls a file binary, a textconv or an external diff hides nothing), hunks read by their counts (an added
+    line that looks like a header is still content)."""
+    sha, path, add, rm = "", "", 0, 0
+    for line in stream_git(repo, "log", "-p", "-U0", "--text", "--no-color", "--no-ext-diff", "--no-textconv",
+                           "--no-renames", "--diff-merges=first-parent", "--submodule=short",
+                           "--src-prefix=a/", "--dst-prefix=b/", "--format=%x00%H", span, "--"):
+        if add or rm:
+            if line.startswith(b"+") and add:
+                add -= 1
+                yield sha, path, _text(line[1:])
+            elif line.startswith(b"-") and rm:
+                rm -= 1
+            continue  # "\\ No newline at end of file", between the lines it is about
+        if line.startswith(b"\0") and len(line) >= 41:
+            sha = line[1:41].decode("ascii", "replace")
+        elif line.startswith(b"+++ "):
+            name = _text(line[4:])
+            path = name[3:-1] if name.startswith('"b/') else name.removeprefix("b/")
+        elif m := _HUNK.match(line):
+            rm = int(m.group(1)) if m.group(1) is not None else 1
+            add = int(m.group(2)) if m.group(2) is not None else 1
+
+
 def _object_sizes(repo: Path, shas: list[str]) -> dict[str, int]:
     """Object sizes by sha, asked of git on its stdin (``cat-file --batch-check``); missing ones left out."""
     real = [s for s in shas if s and set(s) != {"0"}]
@@ -163,15 +241,21 @@ class Want:
     new: str
 
 
-def snapshot(repo: Path, want: Want, *, limit_mb: float = 0.0, stopping: bool = False) -> land.Snapshot:
-    """Everything :func:`evolve.git.land.plan` reads, taken now (cheap parts first: a stop needs none)."""
+def snapshot(repo: Path, want: Want, *, limit_mb: float = 0.0, stopping: bool = False,
+             secrets: Secrets | None = None) -> land.Snapshot:
+    """Everything :func:`evolve.git.land.plan` reads, taken now (cheap parts first: a stop needs none).
+
+    ``secrets``: the values no commit may hold (:func:`evolve.git.leaks.held`); the chain is read for
+    them, and for secrets' shapes, on every snapshot (a replay makes new commits)."""
     base = land.Snapshot(branch=want.branch, tip=None, base=want.base, new=want.new, limit_mb=limit_mb,
                          stopping=stopping)
     if stopping or want.new == want.base:
         return base
     tip = rev(repo, want.branch)
     big = too_large(repo, want.base, want.new, limit_mb)
-    if tip is None or big:
+    found = leaks(repo, want.base, want.new, secrets or Secrets(), content=not big)
+    base = replace(base, secrets=found.reasons(), secrets_more=found.more_hits, secret_shapes=found.warnings())
+    if tip is None or big or found.hits:
         return replace(base, tip=tip, too_large=big)
     if tip != want.base:
         return replace(base, tip=tip, base_on_branch=is_ancestor(repo, want.base, tip))

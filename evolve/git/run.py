@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -115,6 +115,56 @@ def run_git(
     pinned = _program_pins(repo, env, limit) if args and pins.needed(args[0]) else []
     argv = ["git", "--no-pager", *_config_args(policy), *pinned, *args]
     return _run(argv, repo, env, limit, input)
+
+
+def stream_git(repo: Path, *args: str, policy: GitPolicy = SAFE) -> Iterator[bytes]:
+    """A git command's stdout line by line (bytes, newline kept), never held whole: for output that grows
+    with a change (``log -p`` of a large chain). Same environment, pins and limit as :func:`run_git`; the
+    limit kills git's group while the caller reads. Raises GitError when git fails (its stderr, cut short),
+    GitTimeout when the limit passed; a caller that stops reading early has git's group killed."""
+    import tempfile
+    import threading
+
+    from evolve.procgroup import capped, kill_group, progressed, spawn
+
+    limit = capped(policy.timeout_s)
+    env = git_env(policy)
+    pinned = _program_pins(repo, env, limit) if args and pins.needed(args[0]) else []
+    argv = ["git", "--no-pager", *_config_args(policy), *pinned, *args]
+    with tempfile.TemporaryFile() as err:  # a file, not a pipe: git never blocks on what it says there
+        proc = spawn(argv, cwd=repo, env=env, stderr=err)
+        timed_out = threading.Event()
+
+        def expire() -> None:
+            timed_out.set()
+            kill_group(proc.pid, grace_s=1.0)
+
+        timer = threading.Timer(limit, expire) if limit else None
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
+        try:
+            assert proc.stdout is not None
+            yield from proc.stdout
+            proc.wait()
+        except BaseException:
+            kill_group(proc.pid, grace_s=1.0, reap=proc.poll)
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if proc.stdout is not None:
+                proc.stdout.close()
+            if proc.poll() is None:
+                kill_group(proc.pid, grace_s=1.0, reap=proc.poll)
+                proc.wait()
+        if timed_out.is_set():
+            raise GitTimeout(f"git {_verb(argv)} timed out after {limit:g}s; process group killed")
+        progressed()
+        if proc.returncode != 0:
+            err.seek(0)
+            said = " ".join(err.read(4000).decode("utf-8", "replace").split())[:300]
+            raise GitError(f"git {_verb(argv)} failed: {said}")
 
 
 def _run(argv: list[str], repo: Path, env: Mapping[str, str], limit: float,

@@ -163,6 +163,7 @@ class Aside:
     work_ref: str | None = None  # that entry's item
     start_sha: str | None = None  # that cycle's start (``cycle_start_sha``): the base of its change
     superseded_by: int | None = None  # a later cycle that finalized the same item
+    why: str | None = None  # an unlanded ref's: why it did not land (that entry's ``error``: a secret, a conflict)
 
     @property
     def short(self) -> str:
@@ -176,7 +177,7 @@ class Aside:
     def as_json(self) -> dict[str, Any]:
         return {"ref": self.ref, "kind": self.kind, "cycle": self.cycle, "origin_cycle": self.origin_cycle,
                 "work_ref": self.work_ref, "superseded_by": self.superseded_by,
-                "needs_operator": self.needs_operator}
+                "needs_operator": self.needs_operator, "why": self.why}
 
 
 def _int(v: object) -> int | None:
@@ -235,9 +236,11 @@ def assess(refs: Mapping[str, Sequence[str]], entries: Sequence[Mapping[str, Any
             start = e.get("cycle_start_sha")
             item = _item_of(e)
             later = next((j for j in finalized.get(item, ()) if j > origin), None) if item else None
+            why = e.get("error") if kind == "unlanded" else None
             out.append(Aside(ref, kind, name.cycle, _int(e.get("cycle")), item,
                              start if isinstance(start, str) and start else None,
-                             _int(entries[later].get("cycle")) if later is not None else None))
+                             _int(entries[later].get("cycle")) if later is not None else None,
+                             why if isinstance(why, str) and why else None))
     return out
 
 
@@ -281,7 +284,8 @@ def health(items: Sequence[Aside], pending_counts: Mapping[str, int | None], kee
     for a in items:
         if a.needs_operator:
             item = f", item {a.work_ref}" if a.work_ref else ""
-            degraded.append(f"green work from cycle {a.origin_cycle or a.cycle}{item} did not land and is kept at "
+            why = f" ({' '.join(a.why.split())[:300]})" if a.why else ""
+            degraded.append(f"green work from cycle {a.origin_cycle or a.cycle}{item} did not land{why} and is kept at "
                             f"{a.ref}: `evolve setaside apply {a.short}` takes it into your checkout to review, "
                             f"`evolve setaside drop {a.short}` discards it")
     superseded = [a for a in items if a.kind != "pending" and a.kind != "applied" and a.superseded_by is not None]
