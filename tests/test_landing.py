@@ -769,3 +769,24 @@ def test_a_worktree_an_older_evolve_made_at_the_default_path_is_adopted(env: Env
     r = cli("fire", "--cycles", "1")
     assert r.code == 0, r.stderr
     assert env.ledger()[-1]["result"] == "improved" and (env.repo / "x.txt").exists()
+
+
+def test_a_learning_the_agent_wrote_does_not_stop_a_replay_onto_the_operator_s_commit(env: Env) -> None:
+    # Found trying a real project: the agent's .agents/ writes (carried by the door, left out of its
+    # commits) stayed dirty in the worktree, and the replay's rebase refused to start: land_conflict.
+    tracked_agents_repo(env)
+
+    def operator_commit() -> None:
+        commit_file(env.repo, "OPNOTES.md", "the operator's notes\n", "operator: notes")
+
+    code, err = run_with_operator(env, operator_commit, steps=[
+        {"write": [{"path": "agent.txt", "content": "agent\n"},
+                   {"path": ".agents/learnings/l1.md", "content": "refined\n", "append": True}],
+         "wait_for": str(env.root / "go"), "report": {"result": "improved"}}])
+    assert code == 0, err
+    e = env.ledger()[-1]
+    assert e["result"] == "improved" and e["sha"] == head(env.repo), e
+    assert git(env.repo, "show", "main:agent.txt") == "agent\n"
+    assert git(env.repo, "log", "-1", "--format=%s", "main~1").strip() == "operator: notes"
+    assert (env.repo / ".agents" / "learnings" / "l1.md").read_text() == "first learning\nrefined\n"
+    assert not (env.repo / ".git" / "index.lock").exists()
