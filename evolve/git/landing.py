@@ -276,7 +276,9 @@ def replay(tree: Path, onto: str, base: str, new: str, policy: GitPolicy = SAFE)
     when the chain started) is never carried along, so a commit the operator dropped stays dropped.
     """
     ident = identity(tree)
-    git(tree, "checkout", "-q", "--detach", new, policy=policy)
+    # -f: what is still dirty in evolve's worktree is not the chain's (the agent's edits of a tracked
+    # .agents/, carried by the door and left out of its commits); the rebase would refuse to start on it.
+    git(tree, "checkout", "-q", "-f", "--detach", new, policy=policy)
     proc = run_git(tree, "rebase", "-q", "--onto", onto, base, policy=policy, extra_env=ident)
     if proc.returncode != 0:
         run_git(tree, "rebase", "--abort", policy=policy, extra_env=ident)
