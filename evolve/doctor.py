@@ -689,6 +689,7 @@ def diagnose(repo: Path, env: Mapping[str, str]) -> list[Finding]:
     from evolve.status.snapshot import read_snapshot
 
     paths = Paths.for_repo(repo, env=env)
+    trust.adopt_legacy(paths.git_trust, paths.git_trust_legacy)
     trust.register(repo, paths.git_trust)  # doctor's git runs what a fire's would (§8.1)
     findings = check_git(repo, env)
     if findings[0].level == FAIL:

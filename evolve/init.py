@@ -47,6 +47,7 @@ def _record_git_trust(paths: Paths) -> list[str]:
     from evolve.git.run import GitError
 
     try:
+        trust.adopt_legacy(paths.git_trust, paths.git_trust_legacy)
         seen = approve.record_first(paths.repo, paths.git_trust, trust.roots_of(paths.repo, paths.evolve_dir),
                                   by="evolve init")
     except (GitError, OSError) as exc:

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from evolve import trusted
+
 # Names of files that modules holding only the state directory (not a ``Paths``) build themselves.
 FITNESS_LATEST = "fitness-latest.json"
 FITNESS_LATEST_POST = "fitness-latest-post.json"
@@ -45,6 +47,9 @@ class Paths:
     # ``~/.config/evolve/KILL`` when XDG_CONFIG_HOME points elsewhere: upstream tooling and operators
     # write the global KILL there whatever XDG says, so both halt (SPEC §2); None when it is the same file.
     home_kill: Path | None = None
+    # The operator's records for this repository, out of the agent's worktree and the state directory
+    # (evolve/trusted.py); None only for a Paths built by hand.
+    trust_dir: Path | None = None
 
     @property
     def global_kills(self) -> tuple[Path, ...]:
@@ -68,6 +73,7 @@ class Paths:
             nextwork=nextwork,
             global_kill=global_kill,
             home_kill=home_kill if home_kill != global_kill else None,
+            trust_dir=trusted.repo_dir(repo, env),
         )
 
     def _e(self, name: str) -> Path:
@@ -98,8 +104,32 @@ class Paths:
 
     @property
     def git_trust(self) -> Path:
-        """The operator's approved program-valued keys of the repository's own git config (§8.1)."""
-        return self._e("git-trust.json")
+        """The operator's approved program-valued keys of the repository's own git config (§8.1), kept
+        with the operator's other records, out of the agent's reach (§8.4)."""
+        return self._t(trusted.GIT_TRUST)
+
+    @property
+    def git_trust_legacy(self) -> Path:
+        """Where evolve before issue 23 kept that record: in the state directory, which the agent can write."""
+        return self._e(trusted.GIT_TRUST)
+
+    @property
+    def config_trust(self) -> Path:
+        """The repository-tracked config and agent settings the operator trusted, by hash (§8.4)."""
+        return self._t(trusted.CONFIG_TRUST)
+
+    @property
+    def pins(self) -> Path:
+        """The push remote's URL as first configured (§8.4)."""
+        return self._t(trusted.PINS)
+
+    @property
+    def guard(self) -> Path:
+        """The loosening changes the guard refused (§8.4): every fire stops on them until the operator looks."""
+        return self._t(trusted.GUARD)
+
+    def _t(self, name: str) -> Path:
+        return (self.trust_dir or self.evolve_dir / "trust") / name
 
     @property
     def workspace_health(self) -> Path:

@@ -91,7 +91,7 @@ class Env:
 
     def env(self, **extra: str) -> dict[str, str]:
         base = {k: v for k, v in os.environ.items() if not k.startswith("EVOLVE_")}
-        base.update(XDG_CONFIG_HOME=str(self.xdg), **GIT_ENV)
+        base.update(XDG_CONFIG_HOME=str(self.xdg), XDG_STATE_HOME=str(self.xdg.parent / "xdg-state"), **GIT_ENV)
         base.update(extra)
         return base
 

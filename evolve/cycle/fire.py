@@ -267,6 +267,7 @@ class Fire:
         """The agent's tree for this fire (§8.3): made, a dead cycle's work set aside, waiting commits
         landed (and recorded), standing at the base. False (the fire ends, exit 1) when git cannot give us
         one; either way ``workspace-health.json`` says so for ``status`` (§8.3)."""
+        gittrust.adopt_legacy(self.paths.git_trust, self.paths.git_trust_legacy)
         gittrust.register(self.paths.repo, self.paths.git_trust)  # the operator's approved filters run (§8.1)
         error = None
         try:

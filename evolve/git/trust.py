@@ -14,8 +14,9 @@ that appears or changes afterwards (possibly the agent's) stays pinned until app
 ``status`` and ``doctor`` name it. A value whose program lies inside the repository, its git
 directory or evolve's state directory is never approved: the agent can rewrite it.
 
-Today the record lives in the state directory, which the agent can write too (issue 23 moves
-trust records out of its reach); every read and write of it is here, so that move is one place.
+The record lives with the operator's other records (:mod:`evolve.trusted`), out of the worktree and
+the state directory the agent works in; one an older evolve kept in the state directory is moved
+there once (:func:`adopt_legacy`). Every read and write of it is here.
 
 Whose record applies to a git process: a shell that knows its paths (the fire, ``doctor``) hands
 :func:`register` the record for the repository's git directory, and
@@ -118,6 +119,21 @@ def load(record: Path) -> dict[str, tuple[str, ...]] | None:
         return {}
     return {k: tuple(v) for k, v in keys.items()
             if isinstance(k, str) and pins.trustable(k) and isinstance(v, list) and all(isinstance(x, str) for x in v)}
+
+
+def adopt_legacy(record: Path, legacy: Path) -> bool:
+    """Move a record an older evolve kept in the state directory to ``record``, once (True when moved).
+    It was written by ``evolve init`` or ``doctor --trust-git-config``; the agent could have edited it, but
+    it is the only record the operator has, and a key it approves is still checked by :func:`why_refused`."""
+    if record.exists() or not legacy.is_file() or legacy.is_symlink():
+        return False
+    from evolve.store.atomic import atomic_write_bytes
+    from evolve.store.dirfd import ensure_dir
+
+    ensure_dir(record.parent)
+    atomic_write_bytes(record, legacy.read_bytes())
+    legacy.unlink()
+    return True
 
 
 def write(record: Path, keys: Mapping[str, Sequence[str]], by: str) -> None:
