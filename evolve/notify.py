@@ -38,7 +38,8 @@ from evolve.timeutil import utc_iso
 
 Observer = Callable[[str, dict[str, Any]], None]
 NOTIFY_EVENTS = frozenset(
-    {"halt", "halt.end", "breaker.open", "handoff.written", "regression", "metronome.blocked", "preflight.failed"}
+    {"halt", "halt.end", "breaker.open", "handoff.written", "regression", "metronome.blocked", "preflight.failed",
+     "guard.refused"}
 )
 MAX_STDIN = 64 * 1024
 GRACE_S = 1.0  # TERM → KILL after a timeout: a notifier is a webhook call, nothing to shut down cleanly

@@ -522,13 +522,16 @@ def test_real_cli_a_compaction_in_a_resumed_run_gets_the_cycle_state_back(env: E
 
 
 def test_in_the_agent_worktree_the_hook_restores_the_cycle_and_its_plan_under_agents(env: Env, cli) -> None:
-    """The hook runs with evolve's worktree as its project (docs/DESIGN.md §8.3): ``.agents`` there is a
-    link to the repository's own, so the cycle state and a plan kept under ``.agents/`` are found."""
-    env.queue(entry("one"))
-    assert cli("fire", "--cycles", "1").code == 0  # makes the worktree and its links
-    assert (env.tree / ".agents").is_symlink()
+    """The hook runs with evolve's worktree as its project (docs/DESIGN.md §8.3): ``.agents`` there is the
+    agent's own copy (no link to evolve's state), the plan kept under ``.agents/`` was copied in, and the
+    cycle state is found through ``EVOLVE_DIR``, which the agent's environment carries."""
     write_plan(env, "# plan\n\n## Build Progress\n\n- [ ] wire the worktree\n", name=".agents/plans/p.md")
+    env.queue(entry("one"))
+    assert cli("fire", "--cycles", "1").code == 0  # makes the worktree; the door gives the agent its .agents/
+    assert (env.tree / ".agents").is_dir() and not (env.tree / ".agents").is_symlink()
+    assert not os.path.lexists(env.tree / ".agents" / "evolve")
+    assert (env.tree / ".agents" / "plans" / "p.md").is_file()
     write_state(env, plan_path=".agents/plans/p.md")
     code, out = run_hook(env, {"source": "compact", "cwd": str(env.tree)}, cwd=env.tree,
-                         CLAUDE_PROJECT_DIR=str(env.tree))
+                         CLAUDE_PROJECT_DIR=str(env.tree), EVOLVE_DIR=str(env.paths.evolve_dir))
     assert code == 0 and "wire the worktree" in context(out) and ".agents/plans/p.md" in context(out), out

@@ -137,6 +137,9 @@ EXEMPT = {
     "work/goals/snapshot.py": "gate check names and numbers",
     "work/generators.py": "generator output queued via HarvestedQueue.append_entry",
     "work/harvested.py:_materialize": "copies the operator's linked queue byte for byte",
+    "cycle/door.py:_copy_in": "the operator's own .agents/ files, copied for the agent to read (its writes back are"
+                              " redacted in _carry)",
+    "git/trust.py:adopt_legacy": "moves the operator's git-trust record byte for byte",
     "work/queue_record.py:save": "digests and the fields evolve wrote (redacted by _update)",
     "work/harvested.py:_write_all": "the byte loop under _materialize",
     "metrics.py:ledger_counts": "counts by result",

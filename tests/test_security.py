@@ -57,7 +57,9 @@ def _everything_evolve_wrote(env: Env, *outputs: str) -> list[tuple[str, str]]:
     found = []
     for p in env.repo.joinpath(".agents").rglob("*"):
         found += _hits(f"name {p}", p.name)
-        if p.is_file() and p != env.paths.nextwork:  # the queue is checked on its own (see the test)
+        # The queue is checked on its own (see the test); the agent's copy of it in its worktree is the
+        # operator's lines as they were (cycle/door.py gives the agent the queue to read), checked there too.
+        if p.is_file() and p not in (env.paths.nextwork, env.tree / ".agents" / "rpi" / "next-work.jsonl"):
             found += _hits(str(p), p.read_bytes())
     for i, out in enumerate(outputs):
         found += _hits(f"output {i}", out)
@@ -106,6 +108,9 @@ def test_planted_secrets_never_reach_any_output(env: Env, cli) -> None:
     appended = b"\n".join(x for x in env.paths.nextwork.read_bytes().splitlines()[operator_lines:]
                            if orjson.loads(x).get("source_epic") != own)
     assert b"follow-up" in appended and _hits("queue", appended) == []
+    given = env.tree / ".agents" / "rpi" / "next-work.jsonl"
+    given_evolves = [x for x in given.read_bytes().splitlines() if orjson.loads(x).get("source_epic") != own]
+    assert given.is_file() and _hits("queue given to the agent", b"\n".join(given_evolves)) == []
     assert "***" in (env.paths.runs_dir / "cycle-1.log").read_text()
     # The prompts the agent got (and would send to its model provider) carried no secret either.
     prompts = [orjson.dumps(c).decode() for c in env.calls()]

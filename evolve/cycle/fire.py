@@ -35,6 +35,7 @@ from evolve.cycle import (
     budget,
     door,
     dryrun,
+    guard,
     halt,
     recovery,
     retention,
@@ -145,6 +146,14 @@ class Fire:
         # interrupted for it (exit 143) or the fire just started nothing new (exit 0).
         self.halted: str | None = None
         self.halted_agent = False
+        # What evolve obeys, sealed when the fire starts and when each cycle starts (§8.4 The guard); the reason
+        # the guard refused a cycle, which ends the fire.
+        self.common = gittrust.common_dir(paths.repo)
+        self.fire_seal: guard.Seal | None = None
+        self.cycle_seal: guard.Seal | None = None
+        self.guarded: str | None = None
+        self._cycle = 0
+        self.gate.guard = self._guard_check
         self._phase = "agent_running"  # what a KILL found running: the agent, or the gate and landing after it
 
     @property
@@ -209,6 +218,14 @@ class Fire:
     def _locked(self) -> FireOutcome:
         now = self.clock()
         ensure_dir(self.paths.evolve_dir)  # (FireLock has already refused a linked one)
+        left = guard.outstanding(self.paths)
+        if left:
+            # A file evolve obeys was changed during an agent or gate run and is still as it was left (§8.4):
+            # nothing runs, not even the notify command (the config loaded may be the agent's).
+            detail = guard.describe(left)
+            self.log.error("guard.refused", detail=detail)
+            self.log.info("fire.end", reason="guard_refused", cycles=0, exit_code=exitcodes.CONFIG)
+            return FireOutcome(exitcodes.CONFIG, "guard_refused")
         torn = self.ledger.repair_torn()
         if torn:
             self.log.warning("ledger.torn_line", moved_to=str(torn))
@@ -244,6 +261,7 @@ class Fire:
         outcome = FireOutcome()
         try:
             if self._open_workspace(outcome):
+                self.fire_seal = guard.seal(self.paths, self.common)  # after evolve's own set-up writes
                 self._cycles(step1, outcome, started=self.mono())
         except Exception as exc:
             # session-state.fire stays recorded: the next fire reconciles this one as crashed
@@ -316,6 +334,38 @@ class Fire:
         self.ctx.emit("preflight.failed", check=r.check, errors=[r.error], fix=r.fix)
         outcome.reason, outcome.exit_code = f"preflight:{r.check}", exitcodes.CONFIG
         return True
+
+    def _guard_between(self, outcome: FireOutcome) -> bool:
+        """Before each cycle: is what evolve obeys still what it was when the fire started (§8.4)?"""
+        if self.fire_seal is None:
+            return False
+        if self._guard_judge(self.fire_seal, guard.seal(self.paths, self.common), self.ledger.last_cycle(),
+                             "time since the last cycle") is None:
+            return False
+        outcome.reason, outcome.exit_code = "guard_refused", exitcodes.CONFIG
+        return True
+
+    def _guard_check(self, phase: str) -> str | None:
+        """After the agent ran, and after the gate ran (before anything lands): why the cycle is refused, or None."""
+        if self.cycle_seal is None:
+            return None
+        return self._guard_judge(self.cycle_seal, guard.seal(self.paths, self.common, ledger=True), self._cycle, phase)
+
+    def _guard_judge(self, before: guard.Seal, after: guard.Seal, cycle: int, phase: str) -> str | None:
+        verdict = guard.judge(before, after)
+        if verdict.ok:
+            return None
+        reason = verdict.reason(phase)
+        self.guarded = reason
+        changes = [c.shown() for c in verdict.refused]
+        self.log.error("guard.refused", cycle=cycle, phase=phase, changes=changes, detail=reason)
+        try:
+            guard.record(self.paths, verdict, cycle=cycle, phase=phase, at=utc_iso(self.clock()))
+        except OSError as exc:
+            self.log.error("guard.record_failed", error=str(exc)[:300])
+        # The operator's notify command, as loaded when the fire started (before the change).
+        self.ctx.emit("guard.refused", cycle=cycle, phase=phase, changes=changes, detail=reason)
+        return reason
 
     def _ended(self, outcome: FireOutcome) -> FireOutcome:
         fields = dict(reason=outcome.reason, cycles=outcome.cycles, exit_code=outcome.exit_code)
@@ -399,6 +449,8 @@ class Fire:
                 return
             if self._refused(self.prep.ready(self.ws, self.ledger.last_cycle() + 1), outcome):
                 return
+            if self._guard_between(outcome):
+                return
             sel = self.selector.select(self.state, restorative=restorative)
             for item, flips in sel.quarantine:
                 side.quarantined(self.ctx, item, flips, outcome.entries)
@@ -422,6 +474,9 @@ class Fire:
                 continue
             stop = self._work_cycle(cycle, sel, claimer, restorative, outcome)
             outcome.cycles += 1
+            if self.guarded:
+                outcome.reason, outcome.exit_code = "guard_refused", exitcodes.CONFIG
+                return
             restorative = restorative and self.state.last_result in (CycleResult.REGRESSED, CycleResult.FAILED)
             if stop == "interrupted" and self.halted and not self.stop.is_set():
                 # Interrupted by KILL/STOP, not by a signal: the halt's reason; 143 only when a running
@@ -468,6 +523,8 @@ class Fire:
         if sel.use_rescope and self.paths.rescope.exists():
             remove_marker(self.paths.rescope)
             self.log.info("rescope.consumed", cycle=cycle)
+        if self.fire_seal is not None and not self.guarded:  # what evolve itself wrote this cycle is not a change
+            self.fire_seal = guard.refreshed(self.fire_seal, self.paths, (self.paths.rescope, self.paths.pins))
         return stop
 
     def _attempt(
@@ -476,6 +533,9 @@ class Fire:
         """Run the agent once on ``item`` and verify what it did."""
         st = self.state
         self.ws.begin(cycle)
+        self.cycle_seal = guard.seal(self.paths, self.common, ledger=True)  # before the goal checks run repo code
+        self._cycle = cycle
+        given = door.open_door(self.ctx, self.ws.tree) if self.ws.isolated else None  # its own .agents/ (§8.3)
         # Measure first: what the checks themselves leave behind (caches, build output) is not the cycle's.
         goals, pre = self._goals_before()
         start = self.ws.start()
@@ -509,8 +569,7 @@ class Fire:
             report = self._run_agent(cycle, inv, run_stop, on_start, on_heartbeat, start)
             assert st.fire is not None
             st.fire = replace(st.fire, agent_pgid=None)
-            if self.ws.isolated:  # a tracked .agents/: what the agent wrote there reaches the operator's
-                door.carry(self.ctx, self.ws.tree, start.sha, cycle)
+            door.carry(self.ctx, self.ws.tree, given, cycle)  # what it wrote under .agents/ reaches the operator's
             if report.error_class == "interrupted":
                 _, kept = self.gate.interrupted(cycle, self.ws, start, "agent run")
                 # The report's own error says why (a KILL, a signal, "agent not started"); add where the work is.
@@ -636,6 +695,8 @@ class Fire:
             if found:
                 cfg = replace(cfg, agent=replace(cfg.agent, argv=[found, *argv[1:]]))
             env = with_path(dict(env), dirs)
+        if self.ws.isolated:  # the harness hook inside the agent finds evolve's state here, not via .agents/ (§8.3)
+            env = {**env, "EVOLVE_DIR": str(self.paths.evolve_dir)}
         return make_runner(cfg, env, self.paths)
 
     def _finish(

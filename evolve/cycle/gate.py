@@ -30,7 +30,7 @@ from evolve.git import refs as gitrefs
 from evolve.git import run as gitrun
 from evolve.paths import Paths
 from evolve.procgroup import Limits, run_group
-from evolve.results import COMMIT_FAILED, LAND_FAILED, LAND_REFUSED, SUCCESS, CycleResult
+from evolve.results import COMMIT_FAILED, GUARD_REFUSED, LAND_FAILED, LAND_REFUSED, SUCCESS, CycleResult
 from evolve.store.atomic import open_artifact
 from evolve.store.dirfd import ensure_dir
 from evolve.work.item import WorkItem, clean_text
@@ -134,6 +134,8 @@ class Gate:
                                                      self.git_policy, log)
         # Run before the commands, where they run: the worktree's setup when an input changed (a Red if it fails).
         self.before: Callable[[Path], Red | None] | None = None
+        # The guard (cycle/guard.py): after the agent run and after the gate, why the cycle is refused, or None.
+        self.guard: Callable[[str], str | None] | None = None
 
     def command_env(self, tree: Path | None = None) -> dict[str, str]:
         """A gate command runs the repo's code: locale, PATH, the fire's id and ``[gate] pass_env``, no secret;
@@ -168,6 +170,9 @@ class Gate:
         crashpoint.reached("gate")
         tree = start.tree
         extra: dict[str, Any] = {"cycle_start_sha": start.sha}
+        refused = self._guarded(cycle, ws, start, "agent run")
+        if refused is not None:
+            return CycleResult.FAILED, {**extra, **refused, **goal_fields(pre)}
         off = ws.after_agent(start)  # the worktree detached again; is its HEAD still the cycle's?
         if off and report.result in SUCCESS:
             self.log.error("gate.off_line", cycle=cycle, detail=off)
@@ -215,6 +220,9 @@ class Gate:
                 "goals_regressed": lost,
                 **goal_fields(pre),
             }
+        refused = self._guarded(cycle, ws, start, "gate")
+        if refused is not None:
+            return CycleResult.FAILED, {**extra, **refused, **goal_fields(pre)}
         self._cycle_goals = (goals, pre) if goals is not None and pre is not None else None
         try:
             landed = self._land(cycle, ws, start, replace(held or Held(cycle=cycle), result=str(result)), stop)
@@ -251,6 +259,13 @@ class Gate:
             out["interrupted_ref"] = ref
             out["error"] += f"; the work is kept at {ref}"
         return CycleResult.INTERRUPTED, out
+
+    def _guarded(self, cycle: int, ws: Workspace, start: Start, phase: str) -> dict[str, Any] | None:
+        """The guard refused the cycle (§8.4): its work kept under refs/evolve/unlanded/, nothing lands."""
+        why = self.guard(phase) if self.guard is not None else None
+        if why is None:
+            return None
+        return {**self._refuse(cycle, ws, start, why), "error_class": GUARD_REFUSED}
 
     def _refuse(self, cycle: int, ws: Workspace, start: Start, why: str) -> dict[str, Any]:
         """Work that may not land (the agent left the cycle's line): kept under refs/evolve/unlanded/, reset."""

@@ -22,7 +22,9 @@ from evolve.git.run import SAFE, GitError, GitPolicy, git, identity, run_git
 # Per-checkout files the agent's worktree shares with the operator's checkout by a link: the
 # directory ``/evolve`` tooling writes to (git-ignored, so absent from a worktree) and the CLI's
 # local settings (autocompact, hooks). Listed in info/exclude so no ``git add -A`` picks the links up.
-SHARED = (".agents", ".claude/settings.local.json", "CLAUDE.local.md")
+# Per-checkout files of the operator's that reach the agent: what `evolve setup` wrote for it. Never
+# ``.agents``: evolve's state lives there; the agent gets a copy by the door (evolve/cycle/door.py).
+SHARED = (".claude/settings.local.json", "CLAUDE.local.md")
 
 
 def common_dir(repo: Path) -> Path:
@@ -156,14 +158,16 @@ def share(repo: Path, tree: Path, log: Any = None) -> None:
     Never through a link the repository committed: a ``.claude`` that is a symlink in the worktree
     (checked out from the repository) would put evolve's link wherever it points, outside both trees.
     """
-    # A repository that tracks .agents/ gives the worktree its own copy (evolve/cycle/door.py carries the
-    # agent's writes across); only evolve's state directory inside it is linked, and only that is excluded
-    # (excluding /.agents would hide the operator's new files there from their own `git status`).
-    tracked = os.path.isdir(tree / ".agents") and not os.path.islink(tree / ".agents")
-    names = [n for n in SHARED if not (tracked and n == ".agents")] + ([".agents/evolve"] if tracked else [])
+    # The agent's .agents/ is a directory of its own (evolve/cycle/door.py fills it): a copy where the
+    # repository does not track .agents/, excluded like the operator's; the checked-out one where it does
+    # (then only evolve's state directory inside it is excluded: excluding /.agents would hide the
+    # operator's new files there from their own `git status`).
+    tracked = bool(git(repo, "ls-files", "-z", "--", ".agents").strip("\0"))
+    names = list(SHARED)
+    excluded = [*names, ".agents/evolve" if tracked else ".agents"]
     exclude = common_dir(repo) / "info" / "exclude"
     lines = exclude.read_text(encoding="utf-8", errors="replace").splitlines() if exclude.exists() else []
-    want = [f"/{name}" for name in names if f"/{name}" not in lines]
+    want = [f"/{name}" for name in excluded if f"/{name}" not in lines]
     if want:
         exclude.parent.mkdir(parents=True, exist_ok=True)
         with open(exclude, "a", encoding="utf-8") as fh:
@@ -171,8 +175,6 @@ def share(repo: Path, tree: Path, log: Any = None) -> None:
             fh.write("".join(f"{w}\n" for w in want))
     for name in names:
         source, link = repo / name, tree / name
-        if name == ".agents" and not os.path.lexists(source):
-            source.mkdir()
         if os.path.lexists(link) or not os.path.lexists(source):
             continue  # tracked in the repository (then the worktree has its own), or nothing to share
         parts = link.relative_to(tree).parts

@@ -577,6 +577,14 @@ def workspace_lines(health: Any, trust: Any) -> tuple[list[str], list[str]]:
     return degraded, warnings
 
 
+def _guarded(paths: Paths) -> list[str]:
+    """A change the guard refused that is still there (§8.4): every fire refuses until the operator looks."""
+    from evolve.cycle import guard
+
+    left = guard.outstanding(paths)
+    return [f"every fire refuses: {guard.describe(left)}"] if left else []
+
+
 def state_of(halt: Halt | None, degraded: list[str]) -> str:
     """An operator's halt wins, then anything degraded; DORMANT alone is its own, untroubled state."""
     if halt is not None and halt.reason != step1.DORMANT:
@@ -638,6 +646,7 @@ def read_snapshot(
     ws_health = read_json(paths.workspace_health)
     ws_degraded, ws_warnings = workspace_lines(ws_health, read_json(paths.git_trust))
     degraded += ws_degraded
+    degraded += _guarded(paths)
     if config_error is None:
         degraded += _workspace(paths, cfg)
     health = state_of(halt, degraded)
