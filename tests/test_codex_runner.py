@@ -32,8 +32,8 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture
 def fake(env: Env) -> Iterator[FakeResponses]:
-    """The CLI against the scripted server, in the repo itself: Codex's own workspace-write sandbox
-    refuses evolve's worktree (see test_the_worktree_needs_a_sandbox_that_runs_there)."""
+    """The CLI against the scripted server, in the repo itself (the worktree: see
+    test_the_default_worktree_runs_under_the_cli_s_own_sandbox)."""
     with FakeResponses() as server:
         env.write_config(git={"isolation": "none"})
         env.write_config(agent={"runner": "codex", "argv": [CODEX], "base_url": server.url, "model": "gpt-test",
@@ -47,7 +47,13 @@ def codex_env(env: Env, **extra: str) -> dict[str, str]:
     home.mkdir(exist_ok=True)
     codex_home = env.root / "codex-home"
     codex_home.mkdir(exist_ok=True)
-    return {"HOME": str(home), "CODEX_HOME": str(codex_home), "EVOLVE_TEST_CODEX_KEY": KEY, **extra}
+    # The CLI will not make its sandbox helper (codex-linux-sandbox, run by a system bwrap) in a CODEX_HOME
+    # under the temporary directory, and pytest's tmp_path is under /tmp: give it a temporary directory of
+    # its own, so CODEX_HOME is not under it, as ~/.codex is not for an operator.
+    tmp = env.root / "codex-tmp" / "t"
+    tmp.mkdir(parents=True, exist_ok=True)
+    return {"HOME": str(home), "CODEX_HOME": str(codex_home), "EVOLVE_TEST_CODEX_KEY": KEY, "TMPDIR": str(tmp),
+            **extra}
 
 
 def rollout_window(env: Env, thread_id: str) -> int:
@@ -247,21 +253,18 @@ def test_dry_run_prints_the_exact_codex_call(env: Env, cli, fake: FakeResponses)
     assert KEY not in r.stdout + r.stderr and fake.requests == []
 
 
-def test_the_worktree_needs_a_sandbox_that_runs_there(env: Env, cli, fake: FakeResponses) -> None:
-    """Codex's workspace-write sandbox (bubblewrap) refuses any command in a tree whose .agents is a
-    symlink, as in evolve's worktree: refused before a claim; with the CLI's sandbox off, edits land."""
+def test_the_default_worktree_runs_under_the_cli_s_own_sandbox(env: Env, cli, fake: FakeResponses) -> None:
+    """Issue 23: Codex's workspace-write sandbox (bubblewrap) refuses any command in a tree whose .agents is
+    a symlink; evolve's worktree now has a real .agents/ (the agent's copy), so the defaults work: the CLI's
+    own sandbox, evolve's own worktree, no exit 78, and the edit lands through the gate."""
     env.write_config(git={"isolation": "worktree"})
     env.queue(entry("in the worktree"))
-    queued = env.paths.nextwork.read_bytes()
-    r = cli("fire", extra_env=codex_env(env))
-    assert r.code == 78 and "isolation" in r.stderr and "danger-full-access" in r.stderr, r.stderr[-2000:]
-    assert env.paths.nextwork.read_bytes() == queued and fake.requests == []
-    env.write_config(agent={"permission_mode": "danger-full-access"})
     fake.add({"shell": "printf 'wt\\n' > from-worktree.txt"}, {"text": report_text("improved")})
     r = cli("fire", "--cycles", "1", extra_env=codex_env(env))
     assert r.code == 0, r.stderr + r.stdout[-2000:]
     e = env.ledger()[-1]
     assert e["result"] == "improved" and (env.tree / "from-worktree.txt").read_text() == "wt\n"
     assert git(env.repo, "show", f"{e['sha']}:from-worktree.txt").strip() == "wt"
-    assert "`sandbox_mode` is `danger-full-access`" in "\n".join(input_texts(fake.agent_requests[0]))
+    assert "`sandbox_mode` is `workspace-write`" in "\n".join(input_texts(fake.agent_requests[0]))
+    assert not (env.tree / ".agents").is_symlink()
     assert_git_sane(env)

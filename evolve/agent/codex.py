@@ -11,10 +11,11 @@ Facts of the CLI this relies on (checked against @openai/codex 0.171, see tests/
 - ``exec`` is read-only by default (a write fails inside the tool while the run exits 0):
   ``sandbox_mode`` (``[agent] permission_mode`` when it names a Codex mode, else
   ``workspace-write``) and ``approval_policy="never"`` are passed explicitly. On Linux the
-  workspace-write sandbox (bubblewrap) refuses to run anything in a tree whose ``.agents`` is a
-  symlink, which evolve's own worktree always has (docs/DESIGN.md §8.3): that combination is a
-  configuration error found before any claim, and a sandbox that refuses a command mid-run ends
-  the run as ``fatal`` instead of "the agent said improved but changed nothing".
+  workspace-write sandbox (bubblewrap) refuses to run anything in a tree where a path it protects
+  (``.git``, ``.codex``, ``.agents``) is a symlink; evolve's worktree has a real ``.agents/`` (the
+  agent's copy, docs/DESIGN.md §8.3), which the sandbox keeps read-only, so a Codex agent's
+  follow-ups come through its report. A sandbox that refuses a command mid-run ends the run as
+  ``fatal`` instead of "the agent said improved but changed nothing".
 - With ``[agent] base_url`` set the provider is given with ``-c`` (retries off: the fire's backoff
   decides); without it the operator's ``$CODEX_HOME/config.toml`` (or login) must say where to go,
   because without a readable config the CLI silently falls back to the public endpoint.

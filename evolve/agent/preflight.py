@@ -102,11 +102,6 @@ def runner_problem(agent: Any, env: Mapping[str, str], *, worktree: bool = False
         if sandbox == "read-only":
             return Problem('runner codex: permission_mode = "read-only" lets the agent change nothing',
                            'set [agent] permission_mode = "workspace-write"')
-        if worktree and sandbox == "workspace-write":
-            return Problem("runner codex: its workspace-write sandbox refuses every command in evolve's "
-                           "worktree (the .agents link)",
-                           'set [git] isolation = "none", or [agent] permission_mode = "danger-full-access" '
-                           "where the service itself is sandboxed")
         if agent.base_url:
             if not env.get(agent.api_key_env):
                 return Problem(f"runner codex: ${agent.api_key_env} is not set (the provider's env_key)",
