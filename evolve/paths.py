@@ -119,6 +119,11 @@ class Paths:
         return self._t(trusted.CONFIG_TRUST)
 
     @property
+    def checks_trust(self) -> Path:
+        """The gate scripts and GOALS checks a chain rewrote that the operator trusted, by blob (§8.4)."""
+        return self._t(trusted.CHECKS_TRUST)
+
+    @property
     def pins(self) -> Path:
         """The push remote's URL as first configured (§8.4)."""
         return self._t(trusted.PINS)

@@ -15,6 +15,8 @@ One file per owner, each read and written by one module:
 - ``git-trust.json``: the approved program-valued keys of the repository's git config (:mod:`evolve.git.trust`);
 - ``config-trust.json``: the hashes of a repository-tracked config and agent settings the operator trusted
   (``evolve trust``);
+- ``checks-trust.json``: the gate scripts and GOALS checks a chain rewrote that the operator trusted
+  (:mod:`evolve.git.checks`);
 - ``pins.json``: the push remote's URL as first configured (:mod:`evolve.git.landing`);
 - ``guard.json``: the loosening changes the guard refused (:mod:`evolve.cycle.guard`), which keep every
   fire from acting on them until the operator has looked.
@@ -34,6 +36,7 @@ from pathlib import Path
 
 GIT_TRUST = "git-trust.json"
 CONFIG_TRUST = "config-trust.json"
+CHECKS_TRUST = "checks-trust.json"
 PINS = "pins.json"
 GUARD = "guard.json"
 

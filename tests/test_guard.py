@@ -232,3 +232,51 @@ def test_an_older_worktree_s_agents_link_is_replaced_by_the_copy(env: Env, cli) 
     assert r.code == 0, r.stderr[-2000:]
     assert agents.is_dir() and not agents.is_symlink()
     assert (env.repo / ".agents" / "evolve" / "config.toml").is_file(), "the operator's .agents untouched"
+
+
+def test_a_chain_that_rewrites_the_gate_s_script_waits_until_the_operator_trusts_it(env: Env, cli) -> None:
+    (env.repo / "check.py").write_text("print('checked')\n", encoding="utf-8")
+    git(env.repo, "add", "check.py")
+    git(env.repo, "commit", "-q", "-m", "the gate's script")
+    env.write_config(gate={"commands": [[sys.executable, "check.py"]]})
+    env.queue(entry("one"))
+    env.steps([improved_step(path="check.py", content="raise SystemExit(0)  # always green\n")])
+    tip = _tip(env)
+    r = cli("fire", "--cycles", "1")
+    assert r.code == 0, r.stderr[-2000:]
+    last = env.ledger()[-1]
+    assert last["result"] == "pending" and "check.py" in last["pending_reason"], last
+    assert "evolve trust" in last["pending_reason"]
+    _assert_git_clean(env, tip)
+    assert "check.py" in cli("status").stdout
+    # A fire later: still held (nothing trusted it).
+    env.steps([improved_step()])
+    cli("fire", "--cycles", "1")
+    assert _tip(env) == tip
+    r = cli("trust", "--yes")
+    assert r.code == 0 and "check.py" in r.stdout, r.stdout + r.stderr
+    r = cli("fire", "--cycles", "1")
+    assert r.code == 0, r.stderr[-2000:]
+    assert _tip(env) != tip
+    assert "always green" in git(env.repo, "show", "refs/heads/main:check.py")
+
+
+def test_a_goals_change_that_keeps_its_checks_lands_and_one_that_rewrites_a_check_waits(env: Env, cli) -> None:
+    goals = "# Goals\n\n## Gates\n\n| id | check | weight | description |\n|---|---|---|---|\n| t | `true` | 5 | ok |\n"
+    (env.repo / "GOALS.md").write_text(goals, encoding="utf-8")
+    git(env.repo, "add", "GOALS.md")
+    git(env.repo, "commit", "-q", "-m", "goals")
+    env.queue(entry("one", "two"))
+    code = {"path": "src/out.txt", "content": "cycle {cycle}\n", "append": True}  # a substantive change too
+    env.steps([{"write": [{"path": "GOALS.md", "content": "\nA note on the goals.\n", "append": True}, code],
+                "report": {"result": "improved", "summary": "a note"}},
+               {"write": [{"path": "GOALS.md", "content": goals.replace("`true`", "`exit 0`")}, code],
+                "report": {"result": "improved", "summary": "rewrote a check"}}])
+    tip = _tip(env)
+    assert cli("fire", "--cycles", "1").code == 0
+    assert env.ledger()[-1]["result"] == "improved" and _tip(env) != tip
+    tip = _tip(env)
+    assert cli("fire", "--cycles", "1").code == 0
+    last = env.ledger()[-1]
+    assert last["result"] == "pending" and "GOALS.md" in last["pending_reason"], last
+    assert _tip(env) == tip

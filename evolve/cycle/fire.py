@@ -56,6 +56,7 @@ from evolve.cycle.handoff import handoff_text, milestone
 from evolve.cycle.pending import Held
 from evolve.cycle.select import Selector
 from evolve.git import change as gitchange
+from evolve.git import checks as gitchecks
 from evolve.git import filters as gitfilters
 from evolve.git import leaks
 from evolve.git import refs as gitrefs
@@ -281,6 +282,11 @@ class Fire:
                   *c.notify.pass_env)
         return leaks.held({**os.environ, **self.env}, passed, (c.agent.api_key_env,))
 
+    def _checks(self) -> gitchecks.Checks:
+        """What a chain may not rewrite without the operator (§8.4): files the gate commands name, GOALS checks."""
+        return gitchecks.Checks(gitchecks.named_paths(self.cfg.gate.commands),
+                                gitchecks.load_trusted(self.paths.checks_trust))
+
     def _open_workspace(self, outcome: FireOutcome) -> bool:
         """The agent's tree for this fire (§8.3): made, a dead cycle's work set aside, waiting commits
         landed (and recorded), standing at the base. False (the fire ends, exit 1) when git cannot give us
@@ -291,7 +297,7 @@ class Fire:
         try:
             ws = workspace.open_workspace(
                 self.paths.repo, self.paths, self.cfg.git, self.gate.git_policy, self.log, regate=self.gate.regate,
-                secrets=self._secrets(),
+                secrets=self._secrets(), checks=self._checks(),
             )
             ws.prepare(self.ledger.last_cycle())
         except (gitrun.GitError, OSError) as exc:

@@ -117,7 +117,8 @@ def watched(paths: Paths, common_dir: Path | None, *, ledger: bool) -> dict[str,
     if common_dir is not None:  # what the operator's own git runs: hooks, remotes, credential helpers
         for name in ("config", "hooks", "info/attributes"):
             add(common_dir / name)
-    for name in (trusted.GIT_TRUST, trusted.CONFIG_TRUST, trusted.PINS):  # not guard.json: evolve's own
+    # The operator's records (not guard.json: evolve's own).
+    for name in (trusted.GIT_TRUST, trusted.CONFIG_TRUST, trusted.CHECKS_TRUST, trusted.PINS):
         add(paths.trust_dir / name if paths.trust_dir is not None else paths.evolve_dir / name)
     return out
 

@@ -34,6 +34,7 @@ from evolve.cycle.pending import Chain, Held, Intent
 from evolve.git import change as gitchange
 from evolve.git import gitdir, land, landing, leaks, worktree
 from evolve.git import refs as gitrefs
+from evolve.git.checks import Checks
 from evolve.git.land import Step
 from evolve.git.run import GitError, GitPolicy, git, identity, run_git
 from evolve.paths import Paths
@@ -168,7 +169,7 @@ class Isolated:
     def __init__(
         self, repo: Path, tree: Path, branch: str, policy: GitPolicy, log: Any, paths: Paths,
         regate: Regate | None = None, limit_mb: float = 0.0, adopt: bool = False,
-        secrets: leaks.Secrets | None = None,
+        secrets: leaks.Secrets | None = None, checks: Checks | None = None,
     ) -> None:
         self.repo, self.tree, self.branch = repo, tree, branch
         self.policy = policy
@@ -177,6 +178,7 @@ class Isolated:
         self.regate = regate  # the gate commands, run in the worktree after a replay: a red reason or None
         self.limit_mb = limit_mb
         self.secrets = secrets or leaks.Secrets()  # the values no landing may hold (§8.3 Secrets)
+        self.checks = checks  # the gate's scripts and the GOALS checks: a chain rewriting one waits (§8.4)
         self.adopt = adopt  # evolve's default path: a worktree there without the mark is an older evolve's
         self.pending_ref = gitrefs.PENDING_REF + land.short_branch(branch)
         self.settled: list[Settled] = []  # waiting cycles settled by a landing: the fire records them
@@ -441,7 +443,7 @@ class Isolated:
         for _ in range(LAND_ATTEMPTS):
             snap = landing.snapshot(self.repo, landing.Want(chain.branch, chain.base, chain.new),
                                     limit_mb=self.limit_mb, stopping=bool(stop and stop.is_set()),
-                                    secrets=self.secrets)
+                                    secrets=self.secrets, checks=self.checks)
             if not shapes:
                 shapes.append(snap.secret_shapes)
             plan = land.plan(snap)
@@ -589,7 +591,8 @@ def tree_path(repo: Path, evolve_dir: Path, cfg_git: Any) -> Path:
 
 
 def open_workspace(repo: Path, paths: Paths, cfg_git: Any, policy: GitPolicy, log: Any,
-                   regate: Regate | None = None, secrets: leaks.Secrets | None = None) -> Workspace:
+                   regate: Regate | None = None, secrets: leaks.Secrets | None = None,
+                   checks: Checks | None = None) -> Workspace:
     """The configured workspace. The caller has checked the operator is not mid-operation (:func:`busy`)."""
     if cfg_git.isolation != "worktree":
         return InPlace(repo, policy, log)
@@ -597,7 +600,8 @@ def open_workspace(repo: Path, paths: Paths, cfg_git: Any, policy: GitPolicy, lo
     if branch is None:
         raise GitError("HEAD is detached or its branch has no commit: nothing to land on")
     return Isolated(repo, tree_path(repo, paths.evolve_dir, cfg_git), branch, policy, log, paths, regate,
-                    float(getattr(cfg_git, "max_file_mb", 0.0) or 0.0), adopt=not cfg_git.worktree_dir, secrets=secrets)
+                    float(getattr(cfg_git, "max_file_mb", 0.0) or 0.0), adopt=not cfg_git.worktree_dir, secrets=secrets,
+                    checks=checks)
 
 
 def busy(repo: Path) -> str:

@@ -60,6 +60,7 @@ class Snapshot:
     secret_shapes: tuple[str, ...] = ()  # what only looks like a secret (a fixture's token): a warning, never a refusal
     stopping: bool = False  # KILL or a signal arrived: nothing may land now
     base_on_branch: bool = True  # base is still an ancestor of tip (False: the operator rewrote history)
+    untrusted_checks: str = ""  # why: the chain rewrites a gate script or a GOALS check not yet trusted (§8.4)
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,8 @@ def plan(s: Snapshot) -> Plan:
         return Plan(Step.REFUSE, leaks.refusal(s.secrets, s.secrets_more))
     if s.too_large:
         return Plan(Step.REFUSE, too_large_reason(s.too_large, s.limit_mb))
+    if s.untrusted_checks:  # it was judged by rules it rewrote: the operator decides
+        return Plan(Step.HOLD, s.untrusted_checks)
     if s.tip is None:
         return Plan(Step.GONE, f"branch {short_branch(s.branch)} no longer exists")
     if s.tip != s.base:

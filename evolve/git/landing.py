@@ -18,6 +18,8 @@ from pathlib import Path
 
 from evolve.git import land
 from evolve.git.change import changed, dirty_paths
+from evolve.git.checks import Checks, untrusted
+from evolve.git.checks import reason as check_reason
 from evolve.git.gitdir import busy, index_lock, operating_on
 from evolve.git.leaks import MESSAGE, PERSON, Found, Secrets, scan
 from evolve.git.pathargs import checkout_index, quoted, reset_index
@@ -242,7 +244,7 @@ class Want:
 
 
 def snapshot(repo: Path, want: Want, *, limit_mb: float = 0.0, stopping: bool = False,
-             secrets: Secrets | None = None) -> land.Snapshot:
+             secrets: Secrets | None = None, checks: Checks | None = None) -> land.Snapshot:
     """Everything :func:`evolve.git.land.plan` reads, taken now (cheap parts first: a stop needs none).
 
     ``secrets``: the values no commit may hold (:func:`evolve.git.leaks.held`); the chain is read for
@@ -257,6 +259,9 @@ def snapshot(repo: Path, want: Want, *, limit_mb: float = 0.0, stopping: bool = 
     base = replace(base, secrets=found.reasons(), secrets_more=found.more_hits, secret_shapes=found.warnings())
     if tip is None or big or found.hits:
         return replace(base, tip=tip, too_large=big)
+    rewritten = untrusted(repo, want.base, want.new, checks) if checks is not None else {}
+    if rewritten:
+        return replace(base, tip=tip, untrusted_checks=check_reason(rewritten))
     if tip != want.base:
         return replace(base, tip=tip, base_on_branch=is_ancestor(repo, want.base, tip))
     holder = holder_of(repo, want.branch)
