@@ -280,3 +280,28 @@ def test_a_goals_change_that_keeps_its_checks_lands_and_one_that_rewrites_a_chec
     last = env.ledger()[-1]
     assert last["result"] == "pending" and "GOALS.md" in last["pending_reason"], last
     assert _tip(env) == tip
+
+
+def test_the_push_remote_is_pinned_when_first_pushed_and_a_redirect_is_not_followed(env: Env, cli) -> None:
+    remote = env.root / "remote.git"
+    git(env.root, "init", "-q", "--bare", str(remote))
+    git(env.repo, "remote", "add", "origin", str(remote))
+    git(env.repo, "push", "-q", "origin", "main")
+    evil = env.root / "evil.git"
+    git(env.root, "init", "-q", "--bare", str(evil))
+    env.write_config(git={"push": True})
+    env.queue(entry("one", "two", "three"))
+    env.steps([improved_step(path="a.txt", content="a\n"), improved_step(path="b.txt", content="b\n")])
+    assert cli("fire", "--cycles", "1").code == 0
+    first = env.ledger()[-1]["sha"]
+    assert git(remote, "rev-parse", "refs/heads/main").strip() == first
+    assert env.paths.pins.is_file()
+    # Between fires someone points origin elsewhere through a url rewrite (what a planted config would do).
+    git(env.repo, "config", f"url.{evil}.pushInsteadOf", str(remote))
+    r = cli("fire", "--cycles", "1")
+    assert r.code == 0 and "git.push_failed" in r.names(), r.stderr[-2000:]
+    second = env.ledger()[-1]["sha"]
+    assert git(env.repo, "rev-parse", "refs/heads/main").strip() == second  # landed locally
+    assert git(evil, "for-each-ref").strip() == "", "nothing was pushed where the remote was redirected"
+    st = json.loads(cli("status", "--json").stdout)
+    assert any("not where it did when evolve first pushed" in x for x in st["reasons"]), st["reasons"]

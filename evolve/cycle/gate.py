@@ -131,7 +131,7 @@ class Gate:
         self.git_policy = gitrun.GitPolicy(run_hooks=cfg.git.run_hooks, sign=cfg.git.sign, timeout_s=cfg.git.timeout_s)
         self._cycle_goals: tuple[Any, dict[str, Any]] | None = None  # for a replay's re-gate: (source, pre)
         self.publisher: Publisher | None = Publisher(paths.repo, paths.push_state, cfg.land.remote, cfg.git.push,
-                                                     self.git_policy, log)
+                                                     self.git_policy, log, pins=paths.pins)
         # Run before the commands, where they run: the worktree's setup when an input changed (a Red if it fails).
         self.before: Callable[[Path], Red | None] | None = None
         # The guard (cycle/guard.py): after the agent run and after the gate, why the cycle is refused, or None.

@@ -67,10 +67,55 @@ def mark_unpushed(path: Path, branch: str, sha: str, remote: str) -> None:
         {"version": 1, "branches": {b: s.as_json() for b, s in sorted(states.items())}}))
 
 
+def push_urls(repo: Path, remote: str) -> list[str]:
+    """Where ``git push <remote>`` sends, as git resolves it (``insteadOf``/``pushInsteadOf`` expanded)."""
+    proc = run_git(repo, "remote", "get-url", "--push", "--all", "--", remote)
+    return sorted(proc.stdout.split()) if proc.returncode == 0 else [remote]  # not a remote's name: a URL
+
+
+def _url_digest(urls: list[str]) -> str:
+    import hashlib
+
+    return hashlib.sha256("\n".join(urls).encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def pin_problem(repo: Path, remote: str, pins: Path | None) -> str:
+    """Why the push may not go (the remote now points elsewhere than when it was first configured), or "".
+    The first push pins it (§8.4): the agent, or a repository's config, cannot redirect what evolve publishes."""
+    if pins is None:
+        return ""
+    urls = push_urls(repo, remote)
+    rec = read_json(pins) if pins.exists() else {}
+    remotes = rec.get("remotes") if isinstance(rec, dict) and isinstance(rec.get("remotes"), dict) else {}
+    pinned = remotes.get(remote) if isinstance(remotes.get(remote), dict) else None
+    if pinned is None:
+        pin(pins, remote, urls)
+        return ""
+    if pinned.get("digest") == _url_digest(urls):
+        return ""
+    shown = redact.current().text(", ".join(urls))[:200]
+    return (f"the push remote {remote} now points at {shown}, not where it did when evolve first pushed "
+            f"({pinned.get('shown', '?')}): not pushed; if you changed it, run `evolve trust`")
+
+
+def pin(pins: Path, remote: str, urls: list[str]) -> None:
+    """Record where ``remote`` pushes now as the operator's (the first push, or ``evolve trust``)."""
+    from evolve.store.dirfd import ensure_dir
+
+    ensure_dir(pins.parent)
+    rec = read_json(pins) if pins.exists() else {}
+    remotes = dict(rec.get("remotes") or {}) if isinstance(rec, dict) and isinstance(rec.get("remotes"), dict) else {}
+    remotes[remote] = {"digest": _url_digest(urls), "shown": redact.current().text(", ".join(urls))[:200],
+                       "pinned_at": utc_iso()}
+    write_json(pins, {"version": 1, "remotes": remotes})
+
+
 class Publisher:
-    def __init__(self, repo: Path, state: Path, remote: str, enabled: bool, policy: GitPolicy, log: Any) -> None:
+    def __init__(self, repo: Path, state: Path, remote: str, enabled: bool, policy: GitPolicy, log: Any,
+                 pins: Path | None = None) -> None:
         self.repo, self.state, self.remote, self.enabled = repo, state, remote, enabled
         self.policy, self.log = policy, log
+        self.pins = pins  # the operator's record of where the remote pointed when first pushed (§8.4)
 
     def landed(self, branch: str, sha: str) -> None:
         """``sha`` is now on ``branch``: push it (when ``[git] push`` is on)."""
@@ -93,9 +138,11 @@ class Publisher:
     def _push(self, st: PushState) -> None:
         branch = land.short_branch(st.branch)
         try:
-            proc = run_git(self.repo, "push", "--porcelain", "--", self.remote, f"{st.sha}:refs/heads/{branch}",
-                           policy=self.policy)
-            error = "" if proc.returncode == 0 else " ".join(proc.stderr.split())[:300] or f"exit {proc.returncode}"
+            error = pin_problem(self.repo, self.remote, self.pins)
+            if not error:
+                proc = run_git(self.repo, "push", "--porcelain", "--", self.remote, f"{st.sha}:refs/heads/{branch}",
+                               policy=self.policy)
+                error = "" if proc.returncode == 0 else " ".join(proc.stderr.split())[:300] or f"exit {proc.returncode}"
         except (GitError, OSError) as exc:
             error = str(exc)[:300]
         done = PushState(st.branch, st.sha, self.remote, not error, error, st.attempts + 1, utc_iso())
