@@ -105,7 +105,7 @@ class Paths:
     @property
     def git_trust(self) -> Path:
         """The operator's approved program-valued keys of the repository's own git config (§8.1), kept
-        with the operator's other records, out of the agent's reach (§8.4)."""
+        with the operator's other records, out of the agent's reach (§8.5)."""
         return self._t(trusted.GIT_TRUST)
 
     @property
@@ -115,22 +115,22 @@ class Paths:
 
     @property
     def config_trust(self) -> Path:
-        """The repository-tracked config and agent settings the operator trusted, by hash (§8.4)."""
+        """The repository-tracked config and agent settings the operator trusted, by hash (§8.5)."""
         return self._t(trusted.CONFIG_TRUST)
 
     @property
     def checks_trust(self) -> Path:
-        """The gate scripts and GOALS checks a chain rewrote that the operator trusted, by blob (§8.4)."""
+        """The gate scripts and GOALS checks a chain rewrote that the operator trusted, by blob (§8.5)."""
         return self._t(trusted.CHECKS_TRUST)
 
     @property
     def pins(self) -> Path:
-        """The push remote's URL as first configured (§8.4)."""
+        """The push remote's URL as first configured (§8.5)."""
         return self._t(trusted.PINS)
 
     @property
     def guard(self) -> Path:
-        """The loosening changes the guard refused (§8.4): every fire stops on them until the operator looks."""
+        """The loosening changes the guard refused (§8.5): every fire stops on them until the operator looks."""
         return self._t(trusted.GUARD)
 
     def _t(self, name: str) -> Path:

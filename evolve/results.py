@@ -57,7 +57,7 @@ LAND_FAILED = "land_conflict"
 # an attempt is charged.
 LAND_REFUSED = "land_refused"
 # A file evolve obeys (its config, a marker, the shared .git's config or hooks, a trust record, the ledger)
-# changed during the agent's or the gate's run (docs/DESIGN.md §8.4): the cycle's work is kept under
+# changed during the agent's or the gate's run (docs/DESIGN.md §8.5): the cycle's work is kept under
 # refs/evolve/unlanded/<cycle>, nothing lands, the fire ends, and later fires refuse until the operator looks.
 GUARD_REFUSED = "guard_refused"
 # The mode of a ledger entry that records a landing made after its cycle (``pending_cycle`` names it).

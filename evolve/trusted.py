@@ -2,7 +2,7 @@
 
 The agent works inside the repository, and its worktree lives inside evolve's state directory
 (``.agents/evolve/worktree``), so a record kept in either is one the agent could rewrite. The
-operator's records are kept in a directory of their own per repository (docs/DESIGN.md §8.4)::
+operator's records are kept in a directory of their own per repository (docs/DESIGN.md §8.5)::
 
     $EVOLVE_TRUST_DIR                        (when set: the operator's choice, e.g. in a unit)
     $XDG_STATE_HOME/evolve/repos/<id>/       (else; ~/.local/state/evolve/repos/<id>/ by default)

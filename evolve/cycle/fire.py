@@ -147,7 +147,7 @@ class Fire:
         # interrupted for it (exit 143) or the fire just started nothing new (exit 0).
         self.halted: str | None = None
         self.halted_agent = False
-        # What evolve obeys, sealed when the fire starts and when each cycle starts (§8.4 The guard); the reason
+        # What evolve obeys, sealed when the fire starts and when each cycle starts (§8.5 The guard); the reason
         # the guard refused a cycle, which ends the fire.
         self.common = gittrust.common_dir(paths.repo)
         self.fire_seal: guard.Seal | None = None
@@ -221,7 +221,7 @@ class Fire:
         ensure_dir(self.paths.evolve_dir)  # (FireLock has already refused a linked one)
         left = guard.outstanding(self.paths)
         if left:
-            # A file evolve obeys was changed during an agent or gate run and is still as it was left (§8.4):
+            # A file evolve obeys was changed during an agent or gate run and is still as it was left (§8.5):
             # nothing runs, not even the notify command (the config loaded may be the agent's).
             detail = guard.describe(left)
             self.log.error("guard.refused", detail=detail)
@@ -283,7 +283,7 @@ class Fire:
         return leaks.held({**os.environ, **self.env}, passed, (c.agent.api_key_env,))
 
     def _checks(self) -> gitchecks.Checks:
-        """What a chain may not rewrite without the operator (§8.4): files the gate commands name, GOALS checks."""
+        """What a chain may not rewrite without the operator (§8.5): files the gate commands name, GOALS checks."""
         return gitchecks.Checks(gitchecks.named_paths(self.cfg.gate.commands),
                                 gitchecks.load_trusted(self.paths.checks_trust))
 
@@ -342,7 +342,7 @@ class Fire:
         return True
 
     def _guard_between(self, outcome: FireOutcome) -> bool:
-        """Before each cycle: is what evolve obeys still what it was when the fire started (§8.4)?"""
+        """Before each cycle: is what evolve obeys still what it was when the fire started (§8.5)?"""
         if self.fire_seal is None:
             return False
         if self._guard_judge(self.fire_seal, guard.seal(self.paths, self.common), self.ledger.last_cycle(),

@@ -261,7 +261,7 @@ class Gate:
         return CycleResult.INTERRUPTED, out
 
     def _guarded(self, cycle: int, ws: Workspace, start: Start, phase: str) -> dict[str, Any] | None:
-        """The guard refused the cycle (§8.4): its work kept under refs/evolve/unlanded/, nothing lands."""
+        """The guard refused the cycle (§8.5): its work kept under refs/evolve/unlanded/, nothing lands."""
         why = self.guard(phase) if self.guard is not None else None
         if why is None:
             return None

@@ -1,4 +1,4 @@
-"""What evolve trusts, checked around every agent and gate run (docs/DESIGN.md §8.4 *The guard*).
+"""What evolve trusts, checked around every agent and gate run (docs/DESIGN.md §8.5 *The guard*).
 
 The agent runs as the operator's user. Without a sandbox it can write anything that user can, and even
 with one a gate command is repository code. So evolve does not take the files it obeys on trust: a

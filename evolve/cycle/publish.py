@@ -81,7 +81,7 @@ def _url_digest(urls: list[str]) -> str:
 
 def pin_problem(repo: Path, remote: str, pins: Path | None) -> str:
     """Why the push may not go (the remote now points elsewhere than when it was first configured), or "".
-    The first push pins it (§8.4): the agent, or a repository's config, cannot redirect what evolve publishes."""
+    The first push pins it (§8.5): the agent, or a repository's config, cannot redirect what evolve publishes."""
     if pins is None:
         return ""
     urls = push_urls(repo, remote)
@@ -115,7 +115,7 @@ class Publisher:
                  pins: Path | None = None) -> None:
         self.repo, self.state, self.remote, self.enabled = repo, state, remote, enabled
         self.policy, self.log = policy, log
-        self.pins = pins  # the operator's record of where the remote pointed when first pushed (§8.4)
+        self.pins = pins  # the operator's record of where the remote pointed when first pushed (§8.5)
 
     def landed(self, branch: str, sha: str) -> None:
         """``sha`` is now on ``branch``: push it (when ``[git] push`` is on)."""

@@ -178,7 +178,7 @@ class Isolated:
         self.regate = regate  # the gate commands, run in the worktree after a replay: a red reason or None
         self.limit_mb = limit_mb
         self.secrets = secrets or leaks.Secrets()  # the values no landing may hold (§8.3 Secrets)
-        self.checks = checks  # the gate's scripts and the GOALS checks: a chain rewriting one waits (§8.4)
+        self.checks = checks  # the gate's scripts and the GOALS checks: a chain rewriting one waits (§8.5)
         self.adopt = adopt  # evolve's default path: a worktree there without the mark is an older evolve's
         self.pending_ref = gitrefs.PENDING_REF + land.short_branch(branch)
         self.settled: list[Settled] = []  # waiting cycles settled by a landing: the fire records them

@@ -1,4 +1,4 @@
-"""The scripts the gate runs and the GOALS checks: a chain that changes one waits for the operator (§8.4).
+"""The scripts the gate runs and the GOALS checks: a chain that changes one waits for the operator (§8.5).
 
 The gate judges the agent's work by running commands; a GOALS file's checks measure it. A chain that
 rewrites one of them (``check.sh`` that a ``[gate]`` command names, a GOALS check command) was judged

@@ -60,7 +60,7 @@ class Snapshot:
     secret_shapes: tuple[str, ...] = ()  # what only looks like a secret (a fixture's token): a warning, never a refusal
     stopping: bool = False  # KILL or a signal arrived: nothing may land now
     base_on_branch: bool = True  # base is still an ancestor of tip (False: the operator rewrote history)
-    untrusted_checks: str = ""  # why: the chain rewrites a gate script or a GOALS check not yet trusted (§8.4)
+    untrusted_checks: str = ""  # why: the chain rewrites a gate script or a GOALS check not yet trusted (§8.5)
 
 
 @dataclass(frozen=True)

@@ -578,7 +578,7 @@ def workspace_lines(health: Any, trust: Any) -> tuple[list[str], list[str]]:
 
 
 def _guarded(paths: Paths) -> list[str]:
-    """A change the guard refused that is still there (§8.4): every fire refuses until the operator looks."""
+    """A change the guard refused that is still there (§8.5): every fire refuses until the operator looks."""
     from evolve.cycle import guard
 
     left = guard.outstanding(paths)
