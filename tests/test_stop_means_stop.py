@@ -55,7 +55,7 @@ def queue_items(env: Env) -> dict[str, dict[str, Any]]:
 def test_stop_written_mid_cycle_lets_it_finish_and_starts_no_new_cycle(env: Env, cli) -> None:
     env.queue(entry("a", "b", "c"))
     # The agent of cycle 1 runs until the test's `evolve stop` exists, then finishes normally.
-    env.steps([{**improved_step(), "wait_for": ".agents/evolve/STOP"}, improved_step()])
+    env.steps([{**improved_step(), "wait_for": str(env.paths.stop)}, improved_step()])
     env.write_config(agent=LONG)
     proc, out = start_fire(env, "--cycles", "3")
     try:

@@ -46,6 +46,7 @@ from evolve.cycle import (
     watch,
     workspace,
 )
+from evolve.cycle import checks as cycle_checks
 from evolve.cycle import sees as ws_sees
 from evolve.cycle import setup as ws_setup
 from evolve.cycle import step1 as step1_shell
@@ -285,7 +286,7 @@ class Fire:
     def _checks(self) -> gitchecks.Checks:
         """What a chain may not rewrite without the operator (§8.5): files the gate commands name, GOALS checks."""
         return gitchecks.Checks(gitchecks.named_paths(self.cfg.gate.commands),
-                                gitchecks.load_trusted(self.paths.checks_trust))
+                                gitchecks.load_trusted(self.paths.checks_trust), goal_checks=cycle_checks.goal_checks)
 
     def _open_workspace(self, outcome: FireOutcome) -> bool:
         """The agent's tree for this fire (§8.3): made, a dead cycle's work set aside, waiting commits

@@ -12,8 +12,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +27,8 @@ class Checks:
 
     scripts: frozenset[str] = frozenset()
     trusted: Mapping[str, str] = field(default_factory=dict)  # path -> the blob the operator trusted
+    # A GOALS file's bytes -> its check commands (None: unreadable); the work layer's parser, handed down.
+    goal_checks: Callable[[str, bytes], tuple[str, ...] | None] | None = None
 
 
 def named_paths(commands: Iterable[Sequence[str]]) -> frozenset[str]:
@@ -81,7 +82,7 @@ def untrusted(repo: Path, base: str, new: str, checks: Checks) -> dict[str, str]
         blob = _blob(repo, new, path)
         if checks.trusted.get(path) == blob:
             continue
-        if goals and _goal_checks(repo, base, path) == _goal_checks(repo, new, path):
+        if goals and _goal_checks(repo, base, path, checks) == _goal_checks(repo, new, path, checks):
             continue  # the descriptions or directives changed, not what is run
         out[path] = blob
     return out
@@ -98,17 +99,11 @@ def _blob(repo: Path, rev: str, path: str) -> str:
     return proc.stdout.strip() if proc.returncode == 0 else ""
 
 
-def _goal_checks(repo: Path, rev: str, path: str) -> tuple[str, ...] | None:
-    """The check commands of the GOALS file at ``rev`` (sorted), None when absent or unreadable."""
+def _goal_checks(repo: Path, rev: str, path: str, checks: Checks) -> tuple[str, ...] | None:
+    """The check commands of the GOALS file at ``rev``; None when absent. Without a parser every change counts."""
     proc = run_git(repo, "cat-file", "blob", f"{rev}:{path}")
     if proc.returncode != 0:
         return None
-    from evolve.work.goals.parse import load_goals
-
-    with tempfile.TemporaryDirectory(prefix="evolve-goals-") as tmp:
-        (Path(tmp) / path).write_bytes(proc.stdout.encode("utf-8", "surrogateescape"))
-        try:
-            gf = load_goals(Path(tmp))
-        except Exception:  # a malformed file at either end: what it runs cannot be told, so it changed
-            return ("<unreadable>", proc.stdout[:64])
-    return tuple(sorted(g.check for g in gf.goals)) if gf is not None else None
+    if checks.goal_checks is None:
+        return ("<unparsed>", rev)
+    return checks.goal_checks(path, proc.stdout.encode("utf-8", "surrogateescape"))
