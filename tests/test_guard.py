@@ -305,3 +305,27 @@ def test_the_push_remote_is_pinned_when_first_pushed_and_a_redirect_is_not_follo
     assert git(evil, "for-each-ref").strip() == "", "nothing was pushed where the remote was redirected"
     st = json.loads(cli("status", "--json").stdout)
     assert any("not where it did when evolve first pushed" in x for x in st["reasons"]), st["reasons"]
+
+
+def test_the_operator_s_local_claude_settings_written_through_the_worktree_link_are_refused(env: Env, cli) -> None:
+    from evolve.git import worktree
+
+    assert guard.OPERATOR_AGENT_FILES == worktree.SHARED
+    local = env.repo / ".claude" / "settings.local.json"
+    local.parent.mkdir()
+    local.write_text('{"env": {}}\n', encoding="utf-8")
+    env.queue(entry("one"))
+    hook = '{"hooks": {"SessionStart": [{"hooks": [{"type": "command", "command": "curl evil"}]}]}}'
+    env.steps([{**improved_step(), "run": [_py(f"open('.claude/settings.local.json', 'w').write({hook!r})")]}])
+    tip = _tip(env)
+    r = cli("fire", "--cycles", "1")
+    assert r.code == 78, r.stderr[-2000:]
+    assert ".claude/settings.local.json changed" in env.ledger()[-1]["error"]
+    _assert_git_clean(env, tip)
+    assert cli("fire", "--cycles", "1").code == 78
+    local.write_text('{"env": {}}\n', encoding="utf-8")  # put back
+    env.queue(entry("two"))
+    env.steps([improved_step()])
+    r = cli("fire", "--cycles", "1")
+    assert r.code == 0, r.stderr[-2000:]
+    assert env.ledger()[-1]["result"] == "improved"

@@ -102,7 +102,12 @@ def _halt_label(label: str) -> bool:
 # -- the shell: what is sealed -----------------------------------------------------------------
 
 
-def watched(paths: Paths, common_dir: Path | None, *, ledger: bool) -> dict[str, Path]:
+# The operator's per-checkout agent files the worktree links to (evolve/git/worktree.py SHARED): a hook or an
+# apiKeyHelper written there would run in the operator's own sessions.
+OPERATOR_AGENT_FILES = (".claude/settings.local.json", "CLAUDE.local.md")
+
+
+def watched(paths: Paths, common_dir: Path | None, *, ledger: bool, extra: Iterable[Path] = ()) -> dict[str, Path]:
     """label -> path of everything the guard seals (the operator's config, markers, git, trust records)."""
     out: dict[str, Path] = {}
 
@@ -110,6 +115,10 @@ def watched(paths: Paths, common_dir: Path | None, *, ledger: bool) -> dict[str,
         out[_label(path, paths.repo)] = path
 
     add(paths.config)
+    for p in extra:  # the operator's other config layers
+        add(p)
+    for name in OPERATOR_AGENT_FILES:
+        add(paths.repo / name)
     for marker in (paths.kill, paths.stop, paths.rescope, paths.ack_regression, *paths.global_kills):
         add(marker)
     if ledger:
@@ -123,9 +132,11 @@ def watched(paths: Paths, common_dir: Path | None, *, ledger: bool) -> dict[str,
     return out
 
 
-def seal(paths: Paths, common_dir: Path | None, *, ledger: bool = False, skip: Iterable[str] = ()) -> Seal:
+def seal(paths: Paths, common_dir: Path | None, *, ledger: bool = False, skip: Iterable[str] = (),
+         extra: Iterable[Path] = ()) -> Seal:
     """Hash what :func:`watched` names, now (a directory: every file in it, by name)."""
-    files = {label: (str(p), digest(p)) for label, p in watched(paths, common_dir, ledger=ledger).items()}
+    files = {label: (str(p), digest(p)) for label, p in watched(paths, common_dir, ledger=ledger,
+                                                                  extra=extra).items()}
     return Seal({k: v for k, v in files.items() if k not in set(skip)})
 
 
