@@ -194,7 +194,7 @@ def _check_timezone(zone: str, source: Path) -> None:
 def run(args: argparse.Namespace) -> int:
     import getpass
 
-    from evolve import config, cronexpr, deploy, exitcodes
+    from evolve import configtrust, cronexpr, deploy, exitcodes
     from evolve.paths import Paths
     from evolve.store.atomic import atomic_write_bytes
 
@@ -202,7 +202,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--daemon is for `evolve install systemd`")
     repo = repo_of(args).resolve()
     paths = Paths.for_repo(repo)
-    cfg = config.load(paths.config, os.environ)
+    loaded = configtrust.load(paths, os.environ)
+    cfg = loaded.cfg
+    if args.kind == "kubernetes" and args.image and loaded.refusal:
+        # The ConfigMap's copy is written untracked in the pod: it would become the operator's unreviewed.
+        raise ConfigError(loaded.refusal)
     expr = args.schedule if args.schedule is not None else cfg.schedule.cron
     # Before parsing: cron's whitespace splitting would read a newline as one more field separator.
     deploy.check_text("--schedule" if args.schedule is not None else f"{paths.config}: schedule.cron", expr)
