@@ -180,11 +180,35 @@ def repo_config(paths: Paths) -> Owned | None:
     rels = rel_in(paths.repo, path)
     if not rels:
         return None  # EVOLVE_DIR outside the repository: the operator's
+    key = _memo_key(paths)
+    if key is not None and key in _MEMO:
+        return _MEMO[key]
     hit = tracked(paths.repo, rels)
-    if not hit:
+    got = verdict(rels[0], CONFIG, sha256_of(path), read_record(paths.config_trust)) if hit else None
+    if key is not None:
+        _MEMO.clear()
+        _MEMO[key] = got
+    return got
+
+
+_MEMO: dict[tuple[object, ...], Owned | None] = {}  # one answer per state of the file, the index and the record
+
+
+def _memo_key(paths: Paths) -> tuple[object, ...] | None:
+    """What :func:`repo_config`'s answer depends on (``status`` asks twice): the config's, the index's and the
+    record's stat; None (no memo) for a checkout whose index is not at ``.git/index``."""
+    def st(p: Path) -> tuple[int, int, int] | None:
+        try:
+            s = os.stat(p)
+        except OSError:
+            return None
+        return (s.st_ino, s.st_size, s.st_mtime_ns)
+
+    index = st(paths.repo / ".git" / "index")
+    if index is None:
         return None
-    rel = rels[0]
-    return verdict(rel, CONFIG, sha256_of(path), read_record(paths.config_trust))
+    return (str(paths.config), str(paths.repo), st(paths.config), index, str(paths.config_trust),
+            st(paths.config_trust))
 
 
 def agent_settings(paths: Paths, tree: Path | None = None) -> list[Owned]:
@@ -299,12 +323,15 @@ def load_cfg(paths: Paths, env: Mapping[str, str], flags: Mapping[str, Mapping[s
     return load(paths, env, flags).cfg
 
 
-def load_for_fire(paths: Paths, env: Mapping[str, str], flags: Mapping[str, Mapping[str, Any]] | None = None
-                  ) -> configmod.Config:
+def load_for_fire(paths: Paths, env: Mapping[str, str], flags: Mapping[str, Mapping[str, Any]] | None = None,
+                  on_refusal: Any = None) -> configmod.Config:
     """The config a fire runs with; a ConfigError (exit 78, one line) before anything runs or is claimed when
-    the repository's config is not trusted: none of its commands may run, and a subset would be a surprise."""
+    the repository's config is not trusted: none of its commands may run, and a subset would be a surprise.
+    ``on_refusal(cfg, why)`` first hears of it, with the operator's layers only (their notify command)."""
     loaded = load(paths, env, flags)
     if loaded.refusal:
+        if on_refusal is not None:
+            on_refusal(loaded.cfg, loaded.refusal)
         raise ConfigError(loaded.refusal)
     return loaded.cfg
 

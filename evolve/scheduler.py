@@ -48,7 +48,7 @@ from evolve import config, configtrust, exitcodes, sdnotify
 from evolve import log as logmod
 from evolve.cronexpr import CronSpec, max_interval_s, next_times
 from evolve.cycle.fire import Fire, FireOptions
-from evolve.notify import observers_for
+from evolve.notify import config_refused, observers_for
 from evolve.paths import Paths
 from evolve.procgroup import group_alive, progress_hook, stop_signals
 from evolve.status import publish_daemon
@@ -433,7 +433,8 @@ class Daemon:
         try:
             env = sdnotify.child_env(self.env)
             # Edits to the agent config apply at the next fire; an untrusted repository config refuses it (exit 78).
-            cfg = configtrust.load_for_fire(job.paths, env)
+            cfg = configtrust.load_for_fire(job.paths, env,
+                                            on_refusal=lambda c, why: config_refused(job.paths, c, why, env))
             observers = observers_for(cfg, job.paths, env)  # journal, notifications, metrics: as `evolve fire`
             with self._idle:
                 self._progress[job.name] = (self.mono(), stuck_after_s(cfg))

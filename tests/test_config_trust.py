@@ -85,11 +85,22 @@ def test_a_committed_config_runs_nothing_until_trusted(env: Env, cli, tmp_path: 
     env.queue(entry("work"))
     head = git(env.repo, "rev-parse", "HEAD").strip()
 
+    # The operator's own notify command (their layer) hears of the refusal; the repository's runs nothing.
+    heard = tmp_path / "operator-notify.json"
+    user = configtrust.user_config_path(env.env())
+    user.parent.mkdir(parents=True, exist_ok=True)
+    user.write_text("[notify]\ncommand = " + orjson.dumps(
+        [sys.executable, "-c", f"import sys; open({str(heard)!r}, 'a').write(sys.stdin.read() + '\\n')"]).decode()
+        + "\n")
     r = cli("fire", "--cycles", "1")
     assert r.code == 78, r.stderr
     assert r.error_lines() == [f"evolve: {REFUSAL}: review it, then `evolve trust`"]
     assert sorted(p.name for p in marks.iterdir()) == []  # no gate, no governor, no notify
     assert_untouched(env, head)
+    sent = [orjson.loads(line) for line in heard.read_text().splitlines() if line]
+    assert [s["event"] for s in sent] == ["preflight.failed"] and REFUSAL in sent[0]["errors"][0]
+    assert orjson.loads(env.paths.fires.read_bytes().splitlines()[-1])["reason"] == "preflight:config_trust"
+    user.unlink()
     assert not (env.paths.evolve_dir / "worktree").exists()  # refused before the workspace too
     assert cli("fire", "--dry-run").code == 78
 
