@@ -45,7 +45,7 @@ AGENT = "agent-settings"
 # The files of the agents' own settings a repository may commit, which their pinned CLIs load from the project
 # (checked against each: docs/DESIGN.md §8.4). Gemini under --skip-trust leaves .gemini/settings.json out but
 # reads the project's .env files into its environment.
-CLAUDE_FILES: tuple[str, ...] = (".claude/settings.json", ".claude/settings.local.json")
+CLAUDE_FILES: tuple[str, ...] = (".claude/settings.json", ".claude/settings.local.json", ".mcp.json")
 CODEX_FILES: tuple[str, ...] = (".codex/config.toml",)
 GEMINI_FILES: tuple[str, ...] = (".gemini/.env", ".env")
 AGENT_SETTINGS: tuple[str, ...] = (*CLAUDE_FILES, *CODEX_FILES, *GEMINI_FILES)

@@ -22,7 +22,7 @@ from fake_gemini import FakeGemini
 from fake_responses import FakeResponses
 from support import Env, entry, git, live
 
-from evolve.agent.settings import LOCAL, PROJECT, Found, decide
+from evolve.agent.settings import LOCAL, MCP, PROJECT, Found, decide
 
 ROOT = Path(__file__).resolve().parents[1]
 SHA = "a" * 64
@@ -48,6 +48,8 @@ TRUSTED = {PROJECT: {"sha256": SHA, "kind": "agent-settings"}, ".codex/config.to
     ("claude", {LOCAL: f(LOCAL)}, {}, ("user", "project"), [LOCAL], False),  # committed settings.local.json
     ("claude", {LOCAL: f(LOCAL, tracked=False)}, {}, ("user", "project"), [LOCAL], False),  # made in the worktree
     ("claude", {PROJECT: f(PROJECT), LOCAL: f(LOCAL)}, {}, ("user",), [PROJECT, LOCAL], False),
+    ("claude", {MCP: f(MCP)}, {}, ("user", "local"), [MCP], False),  # -p starts a .mcp.json's servers unasked
+    ("claude", {MCP: f(MCP, operators=True, tracked=False)}, {}, (), [], False),
     ("codex", {".codex/config.toml": f(".codex/config.toml")}, {}, (), [".codex/config.toml"], True),
     ("codex", {".codex/config.toml": f(".codex/config.toml")}, TRUSTED, (), [], False),
     ("gemini", {".env": f(".env")}, {}, (), [".env"], True),  # Gemini reads the project's .env, no flag stops it
@@ -154,6 +156,26 @@ def test_committed_claude_settings_reach_the_run_only_once_trusted(env: Env, cli
     assert r.code == 0, r.stderr[-3000:]
     assert marker.read_text().splitlines() == ["from-the-repository"]  # the hook ran, with the file's env
     assert not list(env.repo.joinpath(".git").rglob("index.lock"))
+
+
+@needs_claude
+def test_a_committed_mcp_json_starts_no_server_until_trusted(env: Env, cli, fake: FakeAnthropic, tmp_path: Path
+                                                             ) -> None:
+    """``claude -p`` starts the servers of a project's ``.mcp.json`` without asking, with the run's environment."""
+    marker = tmp_path / "mcp-server-ran"
+    server = {"command": sys.executable, "args": ["-c", f"open({str(marker)!r}, 'a').write('ran\\n')"]}
+    (env.repo / ".mcp.json").write_bytes(orjson.dumps({"mcpServers": {"planted": server}}))
+    git(env.repo, "add", ".mcp.json")
+    git(env.repo, "commit", "-q", "-m", "the repository's MCP servers")
+    env.queue(entry("one", "two"))
+    fake.add({"text": report_text("unchanged")}, {"text": report_text("unchanged")})
+    r = cli("fire", "--cycles", "1", extra_env=cli_env(env, fake))
+    assert r.code == 0, r.stderr[-3000:]
+    assert not marker.exists()
+    assert cli("trust").code == 0
+    r = cli("fire", "--cycles", "1", extra_env=cli_env(env, fake))
+    assert r.code == 0, r.stderr[-3000:]
+    assert marker.exists()  # what trust lets through does reach the run
 
 
 @needs_claude

@@ -217,3 +217,29 @@ def test_an_untrusted_repository_config_is_not_what_other_commands_run(env: Env,
     assert isinstance(loaded.repo, Owned) and not loaded.repo.trusted
     assert loaded.cfg.gate.commands == [] and loaded.cfg.work.beads_command == ["bd", "ready", "--json"]
     assert loaded.ignored == (str(env.paths.config),) and loaded.refusal and REFUSAL in loaded.refusal
+
+
+def test_a_daemon_fire_refuses_an_untrusted_repository_config_too(env: Env, cli, tmp_path: Path) -> None:
+    """The daemon's job loads the config per fire (scheduler._run_fire): refused (exit 78's ConfigError, which the
+    daemon logs as the job's error and survives), nothing of it run; once trusted the next job fires."""
+    from evolve import scheduler
+    from evolve.cronexpr import parse
+    from evolve.errors import ConfigError
+    from evolve.sdnotify import Notifier
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    hostile(env, marks)
+    commit_config(env)
+    env.queue(entry("work"))
+    head = git(env.repo, "rev-parse", "HEAD").strip()
+    job = scheduler.RepoJob("repo", env.paths, parse("0 0 1 1 *"), "UTC", 0)
+    d = scheduler.Daemon([job], grace_s=1, env=env.env(), notifier=Notifier({}))
+    with pytest.raises(ConfigError, match="is not trusted"):
+        d._run_fire(job)
+    assert sorted(p.name for p in marks.iterdir()) == []
+    assert_untouched(env, head)
+    assert orjson.loads(env.paths.fires.read_bytes().splitlines()[-1])["reason"] == "preflight:config_trust"
+    assert cli("trust").code == 0
+    assert d._run_fire(job) == 0
+    assert "gate" in {p.name for p in marks.iterdir()}

@@ -10,8 +10,9 @@ before: in their checkout and untracked (what ``evolve setup`` writes), or evolv
 
 - Claude Code 2.1: ``--setting-sources`` names the sources kept (``user`` always; ``project``, ``local`` when
   their file is absent, the operator's or trusted); with ``project`` left out neither its hooks nor its ``env``
-  apply. The operator's own untracked ``.claude/settings.json`` reaches a run in the worktree with ``--settings``
-  (the worktree has no copy of it). Nothing is added when nothing is left out.
+  apply, nor the MCP servers of a ``.mcp.json`` (which ``-p`` otherwise starts unasked, so it counts as the
+  project source's file). The operator's own untracked ``.claude/settings.json`` reaches a run in the worktree
+  with ``--settings`` (the worktree has no copy of it). Nothing is added when nothing is left out.
 - Codex 0.171 reads ``.codex/config.toml`` only for a project its user config trusts
   (``[projects."<dir>"] trust_level = "trusted"`` in ``$CODEX_HOME/config.toml``, that directory exactly), and no
   flag overrides that; so a committed, untrusted one refuses the runner (exit 78 before any claim, one line)
@@ -35,7 +36,7 @@ from evolve import configtrust
 from evolve.configtrust import AGENT, CLAUDE_FILES, CODEX_FILES, GEMINI_FILES, Owned
 from evolve.paths import Paths
 
-PROJECT, LOCAL = CLAUDE_FILES  # .claude/settings.json, .claude/settings.local.json
+PROJECT, LOCAL, MCP = CLAUDE_FILES  # .claude/settings.json, .claude/settings.local.json, .mcp.json
 FILES: dict[str, tuple[str, ...]] = {"claude": CLAUDE_FILES, "codex": CODEX_FILES, "gemini": GEMINI_FILES}
 
 
@@ -107,7 +108,8 @@ def decide(runner: str, found: Mapping[str, Found], record: Mapping[str, Mapping
             untrusted.append(v)
     if runner == "claude":
         left = {u.rel for u in untrusted}
-        sources = ("user", *(["project"] if PROJECT not in left else []), *(["local"] if LOCAL not in left else []))
+        project = PROJECT not in left and MCP not in left  # the CLI loads .mcp.json with the project source
+        sources = ("user", *(["project"] if project else []), *(["local"] if LOCAL not in left else []))
         return Settings(runner, sources=sources if left else (), extra=operator_project, untrusted=tuple(untrusted))
     refusal = ""
     if untrusted:
