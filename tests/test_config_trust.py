@@ -243,3 +243,16 @@ def test_a_daemon_fire_refuses_an_untrusted_repository_config_too(env: Env, cli,
     assert cli("trust").code == 0
     assert d._run_fire(job) == 0
     assert "gate" in {p.name for p in marks.iterdir()}
+
+
+def test_the_operators_config_flag_reaches_the_units_install_renders(env: Env, cli, tmp_path: Path) -> None:
+    mine = tmp_path / "mine.toml"
+    mine.write_text("[fire]\nmax_cycles = 1\n")
+    r = cli("--config", str(mine), "install", "systemd", "--user", "--print")
+    assert r.code == 0, r.stderr
+    assert f"Environment=EVOLVE_CONFIG={mine}" in r.stdout.splitlines()
+    assert "EVOLVE_CONFIG" not in cli("install", "systemd", "--user", "--print").stdout
+    env.write_config(notify={"command": ["true"]})
+    commit_config(env)
+    k8s = cli("install", "kubernetes", "--image", "registry.example/evolve:1", "--print")
+    assert k8s.code == 78 and REFUSAL in k8s.stderr  # the pod would write it untracked: the operator's
