@@ -91,7 +91,7 @@ def tracked(repo: Path, rels: Iterable[str]) -> set[str]:
     from evolve.git.run import GitError, run_git
 
     rels = [r for r in rels if r]
-    if not rels:
+    if not rels or _surely_untracked(repo, rels):
         return set()
     try:
         proc = run_git(repo, "ls-files", "-z", "--", *rels, extra_env={"GIT_LITERAL_PATHSPECS": "1"})
@@ -101,6 +101,26 @@ def tracked(repo: Path, rels: Iterable[str]) -> set[str]:
         return set(rels)
     listed = {p for p in proc.stdout.split("\0") if p}
     return {r for r in rels if r in listed}
+
+
+def _surely_untracked(repo: Path, rels: list[str]) -> bool:
+    """None of ``rels`` is in the index, read without git (``evolve status`` starts none when nothing is tracked).
+
+    An index of version 2 or 3 holds every entry's full path followed by a NUL; when none of those bytes is in
+    it, none is tracked. Anything else (version 4's compressed paths, a split index, a worktree's index kept
+    elsewhere, a read error) is not sure: git is asked."""
+    dot = repo / ".git"
+    try:
+        if not dot.is_dir() or any(p.name.startswith("sharedindex.") for p in dot.iterdir()):
+            return False
+        data = (dot / "index").read_bytes()
+    except FileNotFoundError:
+        return (dot / "HEAD").is_file()  # no index yet: nothing is tracked
+    except OSError:
+        return False
+    if data[:4] != b"DIRC" or int.from_bytes(data[4:8], "big") not in (2, 3):
+        return False
+    return not any(r.encode("utf-8", "surrogateescape") + b"\0" in data for r in rels)
 
 
 # -- the record ------------------------------------------------------------------------------

@@ -256,3 +256,16 @@ def test_the_operators_config_flag_reaches_the_units_install_renders(env: Env, c
     commit_config(env)
     k8s = cli("install", "kubernetes", "--image", "registry.example/evolve:1", "--print")
     assert k8s.code == 78 and REFUSAL in k8s.stderr  # the pod would write it untracked: the operator's
+
+
+def test_whether_git_tracks_it_is_read_from_the_index_only_when_that_is_sure(env: Env) -> None:
+    """status starts no git for an untracked config (index v2/v3 read directly); everything else asks git."""
+    from evolve.configtrust import _surely_untracked, tracked
+
+    rel = ".agents/evolve/config.toml"
+    assert _surely_untracked(env.repo, [rel]) and tracked(env.repo, [rel]) == set()
+    git(env.repo, "add", "-f", rel)
+    assert not _surely_untracked(env.repo, [rel]) and tracked(env.repo, [rel]) == {rel}
+    git(env.repo, "update-index", "--index-version", "4")  # compressed paths: not read directly
+    git(env.repo, "rm", "-q", "--cached", rel)
+    assert not _surely_untracked(env.repo, [rel]) and tracked(env.repo, [rel]) == set()
