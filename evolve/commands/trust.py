@@ -14,8 +14,8 @@ from evolve.commands._common import repo_of
 
 def add_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.description = ("Trust the repository's tracked .agents/evolve/config.toml and agent settings files "
-                     "(.claude/settings.json, .codex/config.toml, .gemini/settings.json, ...) as they are now: "
-                     "what they name runs from then on, until they change. Shows what it trusts.")
+                     "(.claude/settings.json, .mcp.json, .codex/config.toml, the .env files Gemini reads) as they "
+                     "are now: what they name runs from then on, until they change. Shows what it trusts.")
     p.add_argument("--show", action="store_true", help="show what would be trusted and what is; record nothing")
     p.add_argument("--revoke", action="store_true", help="forget every hash trusted for this repository")
 
