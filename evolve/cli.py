@@ -7,8 +7,10 @@ Only the module of the command being run is imported (and it imports anything he
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +71,9 @@ class _CommandParser(_Parser):
             # `evolve handoff continue --repo X`); SUPPRESS: absent, it leaves the top-level value alone.
             self.add_argument("--repo", type=Path, default=argparse.SUPPRESS,
                               help="repository (default: git top level of the cwd); also before the command")
+            self.add_argument("--config", type=Path, default=argparse.SUPPRESS, metavar="PATH",
+                              help="the operator's config file, over the others (docs/DESIGN.md §8.4); also "
+                                   "before the command")
             _LOADED_OPTIONS[:] = list(self._option_string_actions)
         return super().parse_known_args(args, namespace)
 
@@ -79,6 +84,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Run a coding agent unattended against a git repository, across its context limits.",
     )
     ap.add_argument("--repo", type=Path, default=None, help="repository (default: git top level of the cwd)")
+    ap.add_argument("--config", type=Path, default=None, metavar="PATH",
+                    help="the operator's config file, over the repository's and the user's ($EVOLVE_CONFIG)")
     ap.add_argument("--version", action="version", version=f"evolve {__version__}")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND", parser_class=_CommandParser)
     for name, info in commands.COMMANDS.items():
@@ -124,6 +131,25 @@ def _state_dir(args: argparse.Namespace) -> Path | None:
         return None
 
 
+@contextlib.contextmanager
+def _config_flag(path: Path | None) -> Iterator[None]:
+    """``--config PATH`` is ``$EVOLVE_CONFIG`` for this command (evolve/configtrust.py reads it), restored after."""
+    if path is None:
+        yield
+        return
+    from evolve.configtrust import CONFIG_ENV
+
+    old = os.environ.get(CONFIG_ENV)
+    os.environ[CONFIG_ENV] = os.path.abspath(path)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(CONFIG_ENV, None)
+        else:
+            os.environ[CONFIG_ENV] = old
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     try:
@@ -134,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return exitcodes.USAGE
     try:
-        return int(commands.load(args.command).run(args))
+        with _config_flag(args.config):
+            return int(commands.load(args.command).run(args))
     except EvolveError as exc:
         # One line, whatever a hostile key or path contains.
         print("evolve: " + _error_text(" ".join(str(exc).split("\n"))), file=sys.stderr)

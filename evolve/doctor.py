@@ -680,9 +680,36 @@ def approve_git_config(paths: Any, cfg: Any | None = None) -> list[Finding]:
     return out
 
 
+def check_trust(paths: Any, loaded: Any) -> list[Finding]:
+    """The repository's tracked config (docs/DESIGN.md §8.4): FAIL until the operator trusts its bytes."""
+    if loaded.repo is None:
+        return []
+    if loaded.refusal:
+        return [Finding("config trust", FAIL, loaded.refusal + "; none of it applies, fires exit 78",
+                        "review it (`evolve trust --show`), then `evolve trust`; or untrack it and keep your own")]
+    return [Finding("config trust", OK, f"the repository's {loaded.repo.rel} is trusted (sha256 "
+                                        f"{(loaded.repo.sha256 or '')[:12]})")]
+
+
+def check_agent_settings(paths: Any, cfg: Any) -> list[Finding]:
+    """Which of its CLI's project settings the agent gets (§8.4): the repository's only once trusted."""
+    from evolve.agent import settings as agentsettings
+
+    s = agentsettings.for_config(paths, cfg)
+    if cfg.agent.runner not in agentsettings.FILES:
+        return []
+    if s.refusal:
+        return [Finding("agent settings", FAIL, s.refusal, "review it (`evolve trust --show`), then `evolve trust`")]
+    if s.untrusted:
+        return [Finding("agent settings", WARN, s.describe(),
+                        "review them (`evolve trust --show`), then `evolve trust`")]
+    return [Finding("agent settings", OK, s.describe())]
+
+
 def diagnose(repo: Path, env: Mapping[str, str]) -> list[Finding]:
     """Every check, in order; never raises for a broken setup (that is what it reports)."""
-    from evolve.config import Config, load
+    from evolve import configtrust
+    from evolve.config import Config
     from evolve.errors import ConfigError
     from evolve.git import trust
     from evolve.paths import Paths
@@ -695,14 +722,18 @@ def diagnose(repo: Path, env: Mapping[str, str]) -> list[Finding]:
     if findings[0].level == FAIL:
         return findings
     try:
-        cfg = load(paths.config, env)
-        findings.append(Finding("config", OK, f"{paths.config}" + ("" if paths.config.exists() else " (defaults)")))
+        loaded = configtrust.load(paths, env)
+        cfg = loaded.cfg
+        shown = " + ".join(loaded.layers) if loaded.layers else f"{paths.config} (defaults)"
+        findings.append(Finding("config", OK, shown))
+        findings += check_trust(paths, loaded)
     except ConfigError as exc:
         cfg = Config()
         findings.append(Finding("config", FAIL, " ".join(str(exc).split())[:300],
                                 "fix that key (see .agents/evolve/config.toml comments); fires exit 78 until then"))
     findings += check_schedule_config(cfg)
     findings += check_agent(cfg, repo, env)
+    findings += check_agent_settings(paths, cfg)
     claude = cfg.agent.runner == "claude"  # CLAUDECODE and autocompact concern Claude Code only
     if claude:
         findings.append(check_claudecode(env))

@@ -255,6 +255,23 @@ def append_line(path: Path, obj: Mapping[str, Any]) -> None:
         os.close(fd)
 
 
+def config_refused(paths: Paths, cfg: Any, refusal: str, env: Mapping[str, str] | None = None) -> None:
+    """A fire refused for an untrusted repository config (docs/DESIGN.md §8.4): the operator's own observers
+    (``cfg`` holds only the operator's layers) hear ``preflight.failed`` and the fire's end, as for any exit 78."""
+    import uuid
+
+    base = {"repo": str(paths.repo), "fire_id": uuid.uuid4().hex[:12]}
+    for obs in observers_for(cfg, paths, env):
+        for event, extra in (("preflight.failed", {"check": "config_trust", "errors": [refusal],
+                                                   "fix": "review it, then `evolve trust`"}),
+                             ("fire.end", {"reason": "preflight:config_trust", "cycles": 0, "exit_code": 78,
+                                           "cost_usd": 0.0})):
+            try:
+                obs(event, {"event": event, **base, **extra})
+            except Exception as exc:  # best effort, as every observer
+                _say("warning", "observer.error", observer_event=event, error=str(exc)[:200])
+
+
 def observers_for(cfg: Any, paths: Paths, env: Mapping[str, str] | None = None) -> list[Observer]:
     """The observers a fire gets from the config: journal always, notify and metrics when configured."""
     out: list[Observer] = [FireJournal(paths)]

@@ -44,11 +44,11 @@ from apscheduler.jobstores.memory import MemoryJobStore
 from apscheduler.schedulers.blocking import BlockingScheduler
 from apscheduler.triggers.base import BaseTrigger
 
-from evolve import config, exitcodes, sdnotify
+from evolve import config, configtrust, exitcodes, sdnotify
 from evolve import log as logmod
 from evolve.cronexpr import CronSpec, max_interval_s, next_times
 from evolve.cycle.fire import Fire, FireOptions
-from evolve.notify import observers_for
+from evolve.notify import config_refused, observers_for
 from evolve.paths import Paths
 from evolve.procgroup import group_alive, progress_hook, stop_signals
 from evolve.status import publish_daemon
@@ -432,7 +432,9 @@ class Daemon:
         started = time.monotonic()
         try:
             env = sdnotify.child_env(self.env)
-            cfg = config.load(job.paths.config, env)  # edits to the agent config apply at the next fire
+            # Edits to the agent config apply at the next fire; an untrusted repository config refuses it (exit 78).
+            cfg = configtrust.load_for_fire(job.paths, env,
+                                            on_refusal=lambda c, why: config_refused(job.paths, c, why, env))
             observers = observers_for(cfg, job.paths, env)  # journal, notifications, metrics: as `evolve fire`
             with self._idle:
                 self._progress[job.name] = (self.mono(), stuck_after_s(cfg))

@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
               "evolve.cronexpr", "evolve.sdnotify", "evolve.config_template", "evolve.deploy_templates",
               "evolve.childenv", "evolve.tty", "evolve.trusted")),
     ("store", ("evolve.store",)),
-    ("process", ("evolve.procgroup", "evolve.git")),
+    ("process", ("evolve.procgroup", "evolve.git", "evolve.configtrust")),
     ("work", ("evolve.work",)),
     ("agent", ("evolve.agent",)),
     ("harness", ("evolve.harness",)),

@@ -58,6 +58,8 @@ class CliRunner:
     name = "cli"
     api_env: tuple[str, ...] = ()  # the CLI's own variables (credentials, endpoint, home) passed through
     worktree = False  # the agent works in evolve's worktree ([git] isolation = "worktree"; Codex's sandbox cares)
+    # What of the CLI's project settings the run in a tree gets (evolve/agent/settings.py; set by make_runner).
+    settings_for: Callable[[Path], Any] | None = None
 
     def __init__(self, cfg: AgentConfig, base_env: Mapping[str, str] | None = None, *, context_window: int = 0) -> None:
         self.cfg = cfg
@@ -146,6 +148,9 @@ class CliRunner:
         on_heartbeat: Callable[..., None] | None,
     ) -> AgentReport:
         ensure_dir(inv.run_dir)  # a linked runs/ is refused: prompts must not land outside
+        settings = self.settings_for(inv.repo) if self.settings_for is not None else None
+        if settings is not None and settings.refusal:  # a committed settings file the CLI cannot be told to skip
+            return AgentReport("failed", error_class="fatal", error=settings.refusal)
         files = {**self.extra_files(inv), self.stdin_file(inv): self.prompt_text(inv)}
         state = self.parser(inv)
         try:

@@ -42,6 +42,17 @@ def preflight(runner: Runner) -> str | None:
 
 
 def make_runner(cfg: Config, env: Mapping[str, str], paths: Paths) -> Runner:
+    runner = _make(cfg, env, paths)
+    if cfg.agent.runner in ("claude", "codex", "gemini"):
+        from evolve.agent import settings as agentsettings
+
+        kind = cfg.agent.runner
+        # What of the CLI's project settings reaches the run (docs/DESIGN.md §8.4): asked per tree, per run.
+        runner.settings_for = lambda tree: agentsettings.for_tree(paths, kind, tree, env)  # type: ignore[attr-defined]
+    return runner
+
+
+def _make(cfg: Config, env: Mapping[str, str], paths: Paths) -> Runner:
     kind = cfg.agent.runner
     if kind == "http":
         from evolve.agent.http import HttpRunner

@@ -70,6 +70,10 @@ COMMANDS: dict[str, CommandInfo] = {
         "evolve.commands.metrics",
         "Prometheus metrics (text format) on stdout, or --textfile DIR for node_exporter",
     ),
+    "trust": CommandInfo(
+        "evolve.commands.trust",
+        "trust the repository's tracked config and agent settings as they are now (shows what; --revoke)",
+    ),
     "doctor": CommandInfo(
         "evolve.commands.doctor",
         "preflight: agent, CLAUDECODE, tracker, what the gate sees, git, state dir, config, autocompact, schedule",

@@ -70,7 +70,7 @@ def _job_name(repo: Path, taken: set[str]) -> str:
 def run(args: argparse.Namespace) -> int:
     from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-    from evolve import config, cronexpr, log
+    from evolve import configtrust, cronexpr, log
     from evolve.git.toplevel import git_toplevel
     from evolve.paths import Paths
     from evolve.scheduler import Daemon, RepoJob
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     jobs, taken, grace = [], set(), 0.0
     for repo in repos:
         paths = Paths.for_repo(repo)
-        cfg = config.load(paths.config, os.environ)
+        cfg = configtrust.load_cfg(paths, os.environ)  # its fires refuse an untrusted repository config
         sched = cfg.schedule
         try:
             spec = cronexpr.parse(sched.cron)

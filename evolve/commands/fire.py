@@ -22,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
     import time
 
-    from evolve import config, log, tty
+    from evolve import config, configtrust, log, tty
     from evolve.cycle.fire import Fire, FireOptions
     from evolve.paths import Paths
     from evolve.redact import current
@@ -32,8 +32,16 @@ def run(args: argparse.Namespace) -> int:
     if args.wait < 0:
         raise UsageError("--wait must not be negative")
     paths = Paths.for_repo(repo_of(args))
-    cfg = config.load(paths.config, os.environ, config_flags(args))
+    # A repository-tracked config the operator has not trusted: exit 78 here, before anything of it runs.
     log.configure()
+
+    def refused(operators: config.Config, why: str) -> None:
+        if not args.dry_run:
+            from evolve.notify import config_refused
+
+            config_refused(paths, operators, why)
+
+    cfg = configtrust.load_for_fire(paths, os.environ, config_flags(args), on_refusal=refused)
     opts = FireOptions(cycles=args.cycles, dry_run=args.dry_run, wait_s=args.wait, mode=args.mode)
     observers = []
     if not args.dry_run:

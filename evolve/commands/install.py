@@ -78,8 +78,9 @@ def _path_notes(value: str, evolve: tuple[str, ...], cfg: Config, kubernetes: bo
 
 
 def _carried_env(paths: Paths, env: dict[str, str]) -> dict[str, str]:
-    """What a hand-run fire takes from this shell besides PATH and a scheduled one would lack: EVOLVE_DIR
-    and EVOLVE_NEXTWORK (absolute: else it reads and writes another state directory and queue), and the
+    """What a hand-run fire takes from this shell besides PATH and a scheduled one would lack: EVOLVE_DIR,
+    EVOLVE_NEXTWORK and EVOLVE_CONFIG (absolute: else it reads and writes another state directory and queue,
+    or loses the operator's config layer, docs/DESIGN.md §8.4), and the
     locale and TZ the gate's tests run under (cron sets no LANG). Only what is set, nothing secret:
     identity (HOME, USER, LOGNAME) is the unit's user, and credentials go in the service's own environment."""
     out = {}
@@ -87,6 +88,8 @@ def _carried_env(paths: Paths, env: dict[str, str]) -> dict[str, str]:
         out["EVOLVE_DIR"] = str(paths.evolve_dir)
     if env.get("EVOLVE_NEXTWORK"):
         out["EVOLVE_NEXTWORK"] = str(paths.nextwork)
+    if env.get("EVOLVE_CONFIG"):  # the operator's own config (--config): every scheduled fire layers it too
+        out["EVOLVE_CONFIG"] = os.path.abspath(env["EVOLVE_CONFIG"])
     for key in ("LANG", "LANGUAGE", *sorted(k for k in env if re.fullmatch(r"LC_[A-Z_]+", k)), "TZ"):
         if env.get(key):
             out[key] = env[key]
@@ -194,7 +197,7 @@ def _check_timezone(zone: str, source: Path) -> None:
 def run(args: argparse.Namespace) -> int:
     import getpass
 
-    from evolve import config, cronexpr, deploy, exitcodes
+    from evolve import configtrust, cronexpr, deploy, exitcodes
     from evolve.paths import Paths
     from evolve.store.atomic import atomic_write_bytes
 
@@ -202,7 +205,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--daemon is for `evolve install systemd`")
     repo = repo_of(args).resolve()
     paths = Paths.for_repo(repo)
-    cfg = config.load(paths.config, os.environ)
+    loaded = configtrust.load(paths, os.environ)
+    cfg = loaded.cfg
+    if args.kind == "kubernetes" and args.image and loaded.refusal:
+        # The ConfigMap's copy is written untracked in the pod: it would become the operator's unreviewed.
+        raise ConfigError(loaded.refusal)
     expr = args.schedule if args.schedule is not None else cfg.schedule.cron
     # Before parsing: cron's whitespace splitting would read a newline as one more field separator.
     deploy.check_text("--schedule" if args.schedule is not None else f"{paths.config}: schedule.cron", expr)

@@ -97,13 +97,13 @@ def _requeue(paths: Any, st: Any, ref: str) -> int:
 def _unpark_in_source(paths: Any, ref: str) -> str:
     """Unpark ``ref`` where it lives: a bead in the tracker, anything else in the harvested queue."""
     from evolve.childenv import work_env
-    from evolve.config import load
+    from evolve.configtrust import load_cfg
     from evolve.timeutil import utc_iso
     from evolve.work.beads import BeadsSource
     from evolve.work.harvested import HarvestedQueue
 
     if ref.startswith("bead:"):
-        cfg = load(paths.config, os.environ)
+        cfg = load_cfg(paths, os.environ)  # the tracker the repository names runs only once trusted
         env = work_env(os.environ, cfg.work.pass_env)
         BeadsSource(cfg.work.beads_command, paths.repo, timeout_s=cfg.work.probe_timeout_s, env=env).unpark(ref)
         return "bead reopened in the tracker"

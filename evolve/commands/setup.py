@@ -47,10 +47,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _other_cli(args: argparse.Namespace, repo) -> bool:
     """Codex and Gemini keep their compaction threshold in their own settings; True when handled here."""
-    from evolve import config as configmod
+    from evolve import configtrust
     from evolve.paths import Paths
 
-    cfg = configmod.load(Paths.for_repo(repo, env=os.environ).config, os.environ)
+    cfg = configtrust.load_cfg(Paths.for_repo(repo, env=os.environ), os.environ)
     if cfg.agent.runner not in ("codex", "gemini") or args.no_autocompact:
         return False
     from evolve.harness import compaction

@@ -56,5 +56,12 @@ def agent_json(plan: AgentPlan, inv: Invocation, runner: Runner) -> dict[str, An
         # The brief; for a command agent exactly what its prompt file holds (with the report contract).
         "prompt": prompt_text(inv) if runner.name == "command" else inv.prompt,
         "preflight": preflight(runner) or "ok",
+        **_settings(runner, inv),
     }
+
+
+def _settings(runner: Runner, inv: Invocation) -> dict[str, Any]:
+    """Which settings sources of its CLI the agent gets (docs/DESIGN.md §8.4), for the CLI runners."""
+    ask = getattr(runner, "settings_for", None)
+    return {"settings": ask(inv.repo).describe()} if callable(ask) else {}
 

@@ -26,6 +26,7 @@ from evolve import log as logmod
 from evolve.agent import preflight as agent_preflight
 from evolve.agent import prompt, retry
 from evolve.agent import session as sessions
+from evolve.agent import settings as agent_settings
 from evolve.agent.invocation import Invocation
 from evolve.agent.report import AgentReport, redacted
 from evolve.agent.runners import RESUMING_CLIS, Runner, make_runner
@@ -323,6 +324,10 @@ class Fire:
     def _preflight(self) -> bool:
         """The runner preflight (what `doctor` checks cheaply) before any claim: a config error is not the item's."""
         problems, _ = agent_preflight.check(self.cfg.agent, self.env, worktree=self.cfg.git.isolation == "worktree")
+        # §8.4: a committed, untrusted Codex or Gemini settings file that the CLI would read and no flag keeps out.
+        refusal = agent_settings.for_config(self.paths, self.cfg, self.env).refusal
+        if refusal:
+            problems = [*problems, agent_preflight.Problem(refusal, "review it, then `evolve trust`")]
         for p in problems:
             self.log.error("preflight.failed", error=p.message, fix=p.fix, runner=self.cfg.agent.runner)
         if problems:

@@ -186,6 +186,7 @@ class StatusSnapshot:
     metronome_blocked: dict[str, Any] | None = None  # a stall: every fire blocked until RESCOPE is written
     set_aside_refs: tuple[setaside.Aside, ...] = ()  # each set-aside ref: its item, superseded, needs you
     workspace: dict[str, Any] | None = None  # workspace-health.json: why the last fire had no workspace, pinned keys
+    trust: dict[str, Any] | None = None  # the repository's config and agent settings the operator has not trusted
 
     def as_json(self) -> dict[str, Any]:
         """What ``evolve status --json`` prints (its keys and their order are a published schema)."""
@@ -227,14 +228,37 @@ def _num(v: object) -> float | None:
 
 
 def load_config(paths: Paths, env: Mapping[str, str]) -> tuple[Any, str | None]:
-    """The config, or the defaults plus the error text when the file (or env) is invalid."""
-    from evolve.config import Config, load
+    """The config (its layers, the repository's left out while untrusted: evolve/configtrust.py), or the defaults
+    plus the error text when a file (or env) is invalid."""
+    from evolve.config import Config
+    from evolve.configtrust import load_cfg
     from evolve.errors import ConfigError
 
     try:
-        return load(paths.config, env), None
+        return load_cfg(paths, env), None
     except ConfigError as exc:
         return Config(), " ".join(str(exc).split())[:300]
+
+
+def trust_info(paths: Paths, cfg: Any) -> tuple[dict[str, Any], list[str], list[str]]:
+    """What of the repository's needs the operator's trust (docs/DESIGN.md §8.4): the JSON, the degraded reasons
+    (the next fire would exit 78) and the warnings (left out of the agent's run)."""
+    from evolve import configtrust
+    from evolve.agent import settings as agentsettings
+
+    owned = configtrust.repo_config(paths)
+    settings = agentsettings.for_config(paths, cfg)
+    untrusted = ([owned] if owned is not None and not owned.trusted else []) + list(settings.untrusted)
+    info = {"config": None if owned is None else {"path": owned.rel, "trusted": owned.trusted},
+            "agent_settings": settings.describe(),
+            "untrusted": [{"path": u.rel, "kind": u.kind, "why": u.why()} for u in untrusted]}
+    degraded = [owned.why() + " (fires exit 78 until then)"] if owned is not None and not owned.trusted else []
+    warnings: list[str] = []
+    if settings.refusal:
+        degraded.append(settings.refusal + " (fires exit 78 until then)")
+    elif settings.untrusted:
+        warnings.append(f"agent settings: {settings.describe()}")
+    return info, degraded, warnings
 
 
 def _shown(value: Any, cap: int = 200) -> str:
@@ -641,6 +665,8 @@ def read_snapshot(
     if stall is not None:
         degraded.append(f"metronome blocked since cycle {stall['cycle']} ({stall['reason']}): every fire stops"
                         f" before working; {stall['remedy']}")
+    trust, trust_degraded, trust_warnings = trust_info(paths, cfg)
+    degraded += trust_degraded
     if config_error is None:
         degraded += _preflight(cfg, env)
     ws_health = read_json(paths.workspace_health)
@@ -682,7 +708,7 @@ def read_snapshot(
         recent=tail.entries[-recent:] if recent > 0 else [],
         malformed_lines_seen=tail.malformed,
         warnings=tuple(_warnings(markers, tail.malformed, last, st.parked_items) + aside_warnings + land_warnings
-                       + ws_warnings),
+                       + ws_warnings + trust_warnings),
         config_error=config_error,
         generated_at=utc_iso(now),
         set_aside=set_aside,
@@ -692,6 +718,7 @@ def read_snapshot(
         metronome_blocked=stall,
         workspace=ws_health if isinstance(ws_health, dict) else None,
         parked_items=tuple(st.parked_items),
+        trust=trust,
     )
 
 
