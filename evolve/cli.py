@@ -72,7 +72,7 @@ class _CommandParser(_Parser):
             self.add_argument("--repo", type=Path, default=argparse.SUPPRESS,
                               help="repository (default: git top level of the cwd); also before the command")
             self.add_argument("--config", type=Path, default=argparse.SUPPRESS, metavar="PATH",
-                              help="the operator's config file, over the others (docs/DESIGN.md §8.4); also "
+                              help="the operator's config file, over the others (docs/DESIGN.md §8.5); also "
                                    "before the command")
             _LOADED_OPTIONS[:] = list(self._option_string_actions)
         return super().parse_known_args(args, namespace)

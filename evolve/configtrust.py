@@ -1,4 +1,4 @@
-"""Whose configuration it is, and what the operator trusted (docs/DESIGN.md §8.4 *Trust: the repository's config
+"""Whose configuration it is, and what the operator trusted (docs/DESIGN.md §8.5.1 *The repository's config
 and agent settings*).
 
 A ``.agents/evolve/config.toml`` that git tracks in the operator's checkout is the repository's: whoever can
@@ -43,7 +43,7 @@ CONFIG_ENV = "EVOLVE_CONFIG"  # what --config sets for the command (and a unit m
 CONFIG = "config"
 AGENT = "agent-settings"
 # The files of the agents' own settings a repository may commit, which their pinned CLIs load from the project
-# (checked against each: docs/DESIGN.md §8.4). Gemini under --skip-trust leaves .gemini/settings.json out but
+# (checked against each: docs/DESIGN.md §8.5). Gemini under --skip-trust leaves .gemini/settings.json out but
 # reads the project's .env files into its environment.
 CLAUDE_FILES: tuple[str, ...] = (".claude/settings.json", ".claude/settings.local.json", ".mcp.json")
 CODEX_FILES: tuple[str, ...] = (".codex/config.toml",)

@@ -681,7 +681,7 @@ def approve_git_config(paths: Any, cfg: Any | None = None) -> list[Finding]:
 
 
 def check_trust(paths: Any, loaded: Any) -> list[Finding]:
-    """The repository's tracked config (docs/DESIGN.md §8.4): FAIL until the operator trusts its bytes."""
+    """The repository's tracked config (docs/DESIGN.md §8.5): FAIL until the operator trusts its bytes."""
     if loaded.repo is None:
         return []
     if loaded.refusal:
@@ -691,8 +691,19 @@ def check_trust(paths: Any, loaded: Any) -> list[Finding]:
                                         f"{(loaded.repo.sha256 or '')[:12]})")]
 
 
+def check_guard(paths: Any) -> list[Finding]:
+    """A change the guard refused that is still as it was left (docs/DESIGN.md §8.5): fires exit 78."""
+    from evolve.cycle import guard
+
+    left = guard.outstanding(paths)
+    if not left:
+        return []
+    return [Finding("guard", FAIL, guard.describe(left) + "; fires exit 78 until then",
+                    "look at the change: put it back, or `evolve trust` to make it yours")]
+
+
 def check_agent_settings(paths: Any, cfg: Any) -> list[Finding]:
-    """Which of its CLI's project settings the agent gets (§8.4): the repository's only once trusted."""
+    """Which of its CLI's project settings the agent gets (§8.5): the repository's only once trusted."""
     from evolve.agent import settings as agentsettings
 
     s = agentsettings.for_config(paths, cfg)
@@ -731,6 +742,7 @@ def diagnose(repo: Path, env: Mapping[str, str]) -> list[Finding]:
         cfg = Config()
         findings.append(Finding("config", FAIL, " ".join(str(exc).split())[:300],
                                 "fix that key (see .agents/evolve/config.toml comments); fires exit 78 until then"))
+    findings += check_guard(paths)
     findings += check_schedule_config(cfg)
     findings += check_agent(cfg, repo, env)
     findings += check_agent_settings(paths, cfg)

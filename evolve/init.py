@@ -38,7 +38,7 @@ def init_repo(paths: Paths) -> list[str]:
         from evolve.configtrust import repo_config
 
         owned = repo_config(paths)
-        if owned is not None and not owned.trusted:  # docs/DESIGN.md §8.4: the repository's, not yet the operator's
+        if owned is not None and not owned.trusted:  # docs/DESIGN.md §8.5: the repository's, not yet the operator's
             out.append("      it is tracked in git: the repository's; fires refuse it until you review it and run "
                        "`evolve trust`")
     out += _record_git_trust(paths)

@@ -256,7 +256,7 @@ def append_line(path: Path, obj: Mapping[str, Any]) -> None:
 
 
 def config_refused(paths: Paths, cfg: Any, refusal: str, env: Mapping[str, str] | None = None) -> None:
-    """A fire refused for an untrusted repository config (docs/DESIGN.md §8.4): the operator's own observers
+    """A fire refused for an untrusted repository config (docs/DESIGN.md §8.5): the operator's own observers
     (``cfg`` holds only the operator's layers) hear ``preflight.failed`` and the fire's end, as for any exit 78."""
     import uuid
 

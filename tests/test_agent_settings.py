@@ -1,4 +1,4 @@
-"""The repository's agent settings are contained (issue 23 item 5; docs/DESIGN.md §8.4 *Trust*).
+"""The repository's agent settings are contained (issue 23 item 5; docs/DESIGN.md §8.5 *Trust*).
 
 The real Claude Code CLI against a scripted Anthropic server on 127.0.0.1: a committed ``.claude/settings.json``
 with a SessionStart hook (that writes a marker holding an ``env`` value the same file sets) does not reach the

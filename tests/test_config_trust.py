@@ -1,4 +1,4 @@
-"""A config tracked in git is the repository's (issue 23 item 3; docs/DESIGN.md §8.4 *Trust*).
+"""A config tracked in git is the repository's (issue 23 item 3; docs/DESIGN.md §8.5 *Trust*).
 
 Real repositories, real ``python -m evolve`` subprocesses: a committed config whose gate, governor and notify
 commands write marker files runs nothing until ``evolve trust``; a commit changing it needs trust again; an

@@ -253,7 +253,7 @@ def test_a_chain_that_rewrites_the_gate_s_script_waits_until_the_operator_trusts
     env.steps([improved_step()])
     cli("fire", "--cycles", "1")
     assert _tip(env) == tip
-    r = cli("trust", "--yes")
+    r = cli("trust")
     assert r.code == 0 and "check.py" in r.stdout, r.stdout + r.stderr
     r = cli("fire", "--cycles", "1")
     assert r.code == 0, r.stderr[-2000:]
@@ -329,3 +329,18 @@ def test_the_operator_s_local_claude_settings_written_through_the_worktree_link_
     r = cli("fire", "--cycles", "1")
     assert r.code == 0, r.stderr[-2000:]
     assert env.ledger()[-1]["result"] == "improved"
+
+
+def test_evolve_trust_accepts_a_refused_change_and_repins_a_moved_remote(env: Env, cli) -> None:
+    env.queue(entry("one", "two"))
+    env.steps([{**improved_step(), "run": [_py(f"open({str(env.paths.config)!r}, 'a').write('# note\\n')")]},
+               improved_step()])
+    assert cli("fire", "--cycles", "1").code == 78
+    assert cli("fire", "--cycles", "1").code == 78
+    shown = cli("trust", "--show")
+    assert "refused change: .agents/evolve/config.toml changed" in shown.stdout, shown.stdout
+    assert cli("fire", "--cycles", "1").code == 78, "--show records nothing"
+    assert cli("trust").code == 0
+    assert not env.paths.guard.exists()
+    r = cli("fire", "--cycles", "1")
+    assert r.code == 0 and env.ledger()[-1]["result"] == "improved", r.stderr[-2000:]

@@ -484,7 +484,7 @@ def test_real_cli_a_compaction_in_a_resumed_run_gets_the_cycle_state_back(env: E
     assert cli("setup", "--hooks", "--yes").code == 0
     git(env.repo, "add", ".claude/settings.json")
     git(env.repo, "commit", "-q", "-m", "claude settings")
-    # Committed, the file is the repository's: its hooks reach the run once the operator trusts it (§8.4).
+    # Committed, the file is the repository's: its hooks reach the run once the operator trusts it (§8.5).
     assert cli("trust").code == 0
     with FakeAnthropic() as fake:
         env.write_config(agent={"runner": "claude", "argv": [CLAUDE], "timeout_s": 120, "idle_timeout_s": 60,

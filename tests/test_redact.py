@@ -142,7 +142,6 @@ EXEMPT = {
     "cycle/guard.py:record": "labels, digests, cycle numbers and phases: no content",
     "git/checks.py:trust": "paths and blob ids",
     "cycle/checks.py:goal_checks": "a GOALS blob in a temp dir, read back to parse it, then gone",
-    "git/trust.py:adopt_legacy": "moves the operator's git-trust record byte for byte",
     "work/queue_record.py:save": "digests and the fields evolve wrote (redacted by _update)",
     "work/harvested.py:_write_all": "the byte loop under _materialize",
     "metrics.py:ledger_counts": "counts by result",

@@ -72,7 +72,7 @@ class ClaudeRunner(CliRunner):
             argv += ["--resume", inv.session_id]
         else:
             argv += ["--session-id", inv.session_id, "--append-system-prompt-file", str(self.system_file(inv))]
-        if self.settings_for is not None:  # the repository's untrusted settings left out (docs/DESIGN.md §8.4)
+        if self.settings_for is not None:  # the repository's untrusted settings left out (docs/DESIGN.md §8.5)
             argv += self.settings_for(inv.repo).claude_args()
         return argv
 

@@ -47,7 +47,7 @@ def make_runner(cfg: Config, env: Mapping[str, str], paths: Paths) -> Runner:
         from evolve.agent import settings as agentsettings
 
         kind = cfg.agent.runner
-        # What of the CLI's project settings reaches the run (docs/DESIGN.md §8.4): asked per tree, per run.
+        # What of the CLI's project settings reaches the run (docs/DESIGN.md §8.5): asked per tree, per run.
         runner.settings_for = lambda tree: agentsettings.for_tree(paths, kind, tree, env)  # type: ignore[attr-defined]
     return runner
 

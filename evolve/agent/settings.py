@@ -1,4 +1,4 @@
-"""Which of the agent CLI's project settings reach its run (docs/DESIGN.md §8.4 *Trust: the repository's config
+"""Which of the agent CLI's project settings reach its run (docs/DESIGN.md §8.5.1 *The repository's config
 and agent settings*).
 
 A ``.claude/settings.json`` the repository commits can add hooks (programs), ``env`` (``ANTHROPIC_BASE_URL``),

@@ -80,7 +80,7 @@ def _path_notes(value: str, evolve: tuple[str, ...], cfg: Config, kubernetes: bo
 def _carried_env(paths: Paths, env: dict[str, str]) -> dict[str, str]:
     """What a hand-run fire takes from this shell besides PATH and a scheduled one would lack: EVOLVE_DIR,
     EVOLVE_NEXTWORK and EVOLVE_CONFIG (absolute: else it reads and writes another state directory and queue,
-    or loses the operator's config layer, docs/DESIGN.md §8.4), and the
+    or loses the operator's config layer, docs/DESIGN.md §8.5), and the
     locale and TZ the gate's tests run under (cron sets no LANG). Only what is set, nothing secret:
     identity (HOME, USER, LOGNAME) is the unit's user, and credentials go in the service's own environment."""
     out = {}

@@ -61,7 +61,7 @@ def agent_json(plan: AgentPlan, inv: Invocation, runner: Runner) -> dict[str, An
 
 
 def _settings(runner: Runner, inv: Invocation) -> dict[str, Any]:
-    """Which settings sources of its CLI the agent gets (docs/DESIGN.md §8.4), for the CLI runners."""
+    """Which settings sources of its CLI the agent gets (docs/DESIGN.md §8.5), for the CLI runners."""
     ask = getattr(runner, "settings_for", None)
     return {"settings": ask(inv.repo).describe()} if callable(ask) else {}
 

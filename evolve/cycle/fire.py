@@ -19,9 +19,10 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
-from evolve import crashpoint, exitcodes, redact
+from evolve import configtrust, crashpoint, exitcodes, redact
 from evolve import log as logmod
 from evolve.agent import preflight as agent_preflight
 from evolve.agent import prompt, retry
@@ -264,7 +265,7 @@ class Fire:
         outcome = FireOutcome()
         try:
             if self._open_workspace(outcome):
-                self.fire_seal = guard.seal(self.paths, self.common)  # after evolve's own set-up writes
+                self.fire_seal = self._seal()  # after evolve's own set-up writes
                 self._cycles(step1, outcome, started=self.mono())
         except Exception as exc:
             # session-state.fire stays recorded: the next fire reconciles this one as crashed
@@ -324,7 +325,7 @@ class Fire:
     def _preflight(self) -> bool:
         """The runner preflight (what `doctor` checks cheaply) before any claim: a config error is not the item's."""
         problems, _ = agent_preflight.check(self.cfg.agent, self.env, worktree=self.cfg.git.isolation == "worktree")
-        # §8.4: a committed, untrusted Codex or Gemini settings file that the CLI would read and no flag keeps out.
+        # §8.5: a committed, untrusted Codex or Gemini settings file that the CLI would read and no flag keeps out.
         refusal = agent_settings.for_config(self.paths, self.cfg, self.env).refusal
         if refusal:
             problems = [*problems, agent_preflight.Problem(refusal, "review it, then `evolve trust`")]
@@ -347,11 +348,18 @@ class Fire:
         outcome.reason, outcome.exit_code = f"preflight:{r.check}", exitcodes.CONFIG
         return True
 
+    def _seal(self, *, ledger: bool = False) -> guard.Seal:
+        """What evolve obeys, hashed now: with the operator's other config layers (§8.5.1)."""
+        extra = [configtrust.user_config_path(self.env)]
+        if self.env.get(configtrust.CONFIG_ENV):
+            extra.append(Path(self.env[configtrust.CONFIG_ENV]))
+        return guard.seal(self.paths, self.common, ledger=ledger, extra=extra)
+
     def _guard_between(self, outcome: FireOutcome) -> bool:
         """Before each cycle: is what evolve obeys still what it was when the fire started (§8.5)?"""
         if self.fire_seal is None:
             return False
-        if self._guard_judge(self.fire_seal, guard.seal(self.paths, self.common), self.ledger.last_cycle(),
+        if self._guard_judge(self.fire_seal, self._seal(), self.ledger.last_cycle(),
                              "time since the last cycle") is None:
             return False
         outcome.reason, outcome.exit_code = "guard_refused", exitcodes.CONFIG
@@ -361,7 +369,7 @@ class Fire:
         """After the agent ran, and after the gate ran (before anything lands): why the cycle is refused, or None."""
         if self.cycle_seal is None:
             return None
-        return self._guard_judge(self.cycle_seal, guard.seal(self.paths, self.common, ledger=True), self._cycle, phase)
+        return self._guard_judge(self.cycle_seal, self._seal(ledger=True), self._cycle, phase)
 
     def _guard_judge(self, before: guard.Seal, after: guard.Seal, cycle: int, phase: str) -> str | None:
         verdict = guard.judge(before, after)
@@ -545,7 +553,7 @@ class Fire:
         """Run the agent once on ``item`` and verify what it did."""
         st = self.state
         self.ws.begin(cycle)
-        self.cycle_seal = guard.seal(self.paths, self.common, ledger=True)  # before the goal checks run repo code
+        self.cycle_seal = self._seal(ledger=True)  # before the goal checks run repo code
         self._cycle = cycle
         given = door.open_door(self.ctx, self.ws.tree) if self.ws.isolated else None  # its own .agents/ (§8.3)
         # Measure first: what the checks themselves leave behind (caches, build output) is not the cycle's.

@@ -98,6 +98,18 @@ def pin_problem(repo: Path, remote: str, pins: Path | None) -> str:
             f"({pinned.get('shown', '?')}): not pushed; if you changed it, run `evolve trust`")
 
 
+def pin_digest(pins: Path, remote: str) -> str | None:
+    """The pinned digest of ``remote``'s push URLs, None when it was never pinned."""
+    rec = read_json(pins) if pins.exists() else {}
+    remotes = rec.get("remotes") if isinstance(rec, dict) and isinstance(rec.get("remotes"), dict) else {}
+    pinned = remotes.get(remote)
+    return pinned.get("digest") if isinstance(pinned, dict) and isinstance(pinned.get("digest"), str) else None
+
+
+def url_digest(urls: list[str]) -> str:
+    return _url_digest(urls)
+
+
 def pin(pins: Path, remote: str, urls: list[str]) -> None:
     """Record where ``remote`` pushes now as the operator's (the first push, or ``evolve trust``)."""
     from evolve.store.dirfd import ensure_dir

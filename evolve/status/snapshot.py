@@ -241,7 +241,7 @@ def load_config(paths: Paths, env: Mapping[str, str]) -> tuple[Any, str | None]:
 
 
 def trust_info(paths: Paths, cfg: Any) -> tuple[dict[str, Any], list[str], list[str]]:
-    """What of the repository's needs the operator's trust (docs/DESIGN.md §8.4): the JSON, the degraded reasons
+    """What of the repository's needs the operator's trust (docs/DESIGN.md §8.5): the JSON, the degraded reasons
     (the next fire would exit 78) and the warnings (left out of the agent's run)."""
     from evolve import configtrust
     from evolve.agent import settings as agentsettings
