@@ -49,6 +49,24 @@ CLI_HOME: dict[str, tuple[str, ...]] = {
     "gemini": (".gemini",),
 }
 CLI_ENV_HOME = {"codex": "CODEX_HOME", "claude": "CLAUDE_CONFIG_DIR", "gemini": "GEMINI_CLI_HOME"}
+CLI_DIRS = {"claude": ".claude", "codex": ".codex", "gemini": ".gemini"}  # made before a run: $HOME is read-only
+
+
+def prepare_cli_home(runner: str, env: Mapping[str, str]) -> None:
+    """Make the agent CLI's own directory (its config and session store) before the first sandboxed run:
+    the CLI would make it itself, but ``$HOME`` is read-only in the sandbox and a path that is not there is
+    not bound (:func:`binds`)."""
+    name = CLI_DIRS.get(runner)
+    if name is None:
+        return
+    home = Path(env.get("HOME") or Path.home())
+    own = env.get(CLI_ENV_HOME.get(runner, ""), "")
+    for d in (Path(own) if own else None, home / name):
+        if d is not None:
+            try:
+                d.mkdir(mode=0o700, parents=False, exist_ok=True)
+            except OSError:
+                pass  # the CLI will say what it misses; a fire does not fail for it
 
 
 @dataclass(frozen=True)
@@ -57,6 +75,7 @@ class Probe:
 
     bwrap: str | None
     error: str | None = None
+    flags: tuple[str, ...] = ()  # what it needed besides the base argv (root without CAP_SYS_ADMIN: a user namespace)
 
     @property
     def ok(self) -> bool:
@@ -106,8 +125,21 @@ def probe(env: Mapping[str, str], network: str = "all") -> Probe:
     bwrap = find_bwrap(env)
     if bwrap is None:
         return Probe(None)
-    argv = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-            *(["--unshare-net"] if network == "none" else []), "--die-with-parent", "--", "true"]
+    found = _try(bwrap, (), network, env)
+    if found.error is not None and os.geteuid() == 0:
+        # root in a container has no CAP_SYS_ADMIN: bwrap then needs a user namespace of its own (uid 0 kept)
+        again = _try(bwrap, ROOT_USERNS, network, env)
+        if again.error is None:
+            return again
+    return found
+
+
+ROOT_USERNS = ("--unshare-user", "--uid", "0", "--gid", "0")
+
+
+def _try(bwrap: str, flags: tuple[str, ...], network: str, env: Mapping[str, str]) -> Probe:
+    argv = [*base_argv(bwrap), *flags, *(["--unshare-net"] if network == "none" else []), "--die-with-parent",
+            "--", "true"]
     try:
         res = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                              timeout=PROBE_TIMEOUT_S, env={"PATH": env.get("PATH") or os.defpath}, check=False)
@@ -116,7 +148,7 @@ def probe(env: Mapping[str, str], network: str = "all") -> Probe:
     if res.returncode != 0:
         lines = res.stderr.decode(errors="replace").strip().splitlines() or [_died(res.returncode)]
         return Probe(bwrap, lines[-1][:300])
-    return Probe(bwrap)
+    return Probe(bwrap, flags=flags)
 
 
 def _died(code: int) -> str:
@@ -126,6 +158,18 @@ def _died(code: int) -> str:
         return ("killed by SIGSYS: a seccomp filter refuses its namespaces (a unit's SystemCallFilter= without "
                 "@mount, a container's seccomp profile)")
     return f"killed by signal {sig}" if sig else f"exit {code}"
+
+
+def base_argv(bwrap: str, euid: int | None = None) -> list[str]:
+    """The read-only root, a fresh ``/dev`` and ``/proc``: what every sandboxed child starts from.
+
+    As root, ``/proc`` is the host's, bound: a fresh one (``--proc``) gets bwrap's read-only covers on
+    ``/proc/sys``, ``/proc/bus``..., and with them no sandbox nested inside (the Codex CLI's own) may
+    mount a ``/proc`` of its own ("Operation not permitted"). Root is not contained anyway (SECURITY.md).
+    """
+    euid = os.geteuid() if euid is None else euid
+    proc = ["--bind", "/proc", "/proc"] if euid == 0 else ["--proc", "/proc"]
+    return [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", *proc]
 
 
 @dataclass(frozen=True)
@@ -252,9 +296,10 @@ class Sandbox:
     network: str
     scope: Scope
     label: str = field(default="bubblewrap")
+    flags: tuple[str, ...] = ()  # Probe.flags
 
     def wrap(self, argv: Sequence[str]) -> list[str]:
-        out = [self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+        out = [*base_argv(self.bwrap), *self.flags]
         for b in binds(self.scope):
             if b.path == "/dev/shm":
                 out += ["--tmpfs", "/dev/shm"]  # --dev made a fresh /dev; a private shm, like a private /dev

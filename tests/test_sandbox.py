@@ -111,6 +111,13 @@ with open(out, "a") as fh:
 """
 
 
+def _home(env: Env) -> Path:
+    """A $HOME of the test's own (protected like the operator's), so a sandbox that failed writes nothing real."""
+    home = env.root / "home"
+    home.mkdir(exist_ok=True)
+    return home
+
+
 def _snapshot(env: Env, home: Path) -> dict[str, bytes | None]:
     ev = env.paths.evolve_dir
     paths = [env.repo / "README.md", ev / "config.toml", ev / "KILL", ev / "STOP", env.repo / ".git" / "config",
@@ -140,7 +147,7 @@ def _assert_git_clean(env: Env, start_count: int) -> None:
 
 @needs_bwrap
 def test_a_hostile_agent_cannot_write_what_evolve_trusts_and_its_edit_lands(env: Env, cli, tmp_path: Path) -> None:
-    home = Path(os.environ.get("HOME") or Path.home())
+    home = _home(env)
     env.queue(entry("harmless"))
     env.cfg()  # the config exists; the trust dir is made by the fire
     out = tmp_path / "attack.jsonl"
@@ -151,7 +158,7 @@ def test_a_hostile_agent_cannot_write_what_evolve_trusts_and_its_edit_lands(env:
                         ["git", "update-ref", "refs/heads/main", "HEAD"],  # move the operator's branch
                         ["git", "config", "core.hooksPath", "/tmp/evil"]],
                 "report": {"result": "improved"}}])
-    r = cli("fire", "--cycles", "1")
+    r = cli("fire", "--cycles", "1", extra_env={"HOME": str(home)})
     assert r.code == 0, r.stderr
     e = env.ledger()[-1]
     assert e["result"] == "improved" and e["landed"] is True, e
@@ -163,20 +170,20 @@ def test_a_hostile_agent_cannot_write_what_evolve_trusts_and_its_edit_lands(env:
     assert git(env.repo, "show", "HEAD:src/feature.py") == "x = 1\n"  # the agent's own commit landed by evolve
     assert e["sha"] == git(env.repo, "rev-parse", "HEAD").strip()
     _assert_git_clean(env, start)
-    s = cli("status", "--json")
+    s = cli("status", "--json", extra_env={"HOME": str(home)})
     assert json.loads(s.stdout)["sandbox"]["label"] == "bubblewrap, network: all", s.stdout
 
 
 @needs_bwrap
 def test_a_hostile_gate_command_cannot_write_what_evolve_trusts(env: Env, cli, tmp_path: Path) -> None:
-    home = Path(os.environ.get("HOME") or Path.home())
+    home = _home(env)
     env.queue(entry("gated"))
     out = tmp_path / "gate-attack.jsonl"
     env.write_config(gate={"commands": [_attack_argv(env, home, out)]})
     before = _snapshot(env, home)
     start = int(git(env.repo, "rev-list", "--count", "HEAD"))
     env.steps([{"write": [{"path": "src/ok.py", "content": "ok = True\n"}], "report": {"result": "improved"}}])
-    r = cli("fire", "--cycles", "1")
+    r = cli("fire", "--cycles", "1", extra_env={"HOME": str(home)})
     assert r.code == 0, r.stderr
     e = env.ledger()[-1]
     assert e["result"] == "improved" and e["gate"] == "PASS" and e["landed"] is True, e
@@ -284,3 +291,50 @@ def _cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+@needs_bwrap
+def test_workspace_setup_and_goal_checks_cannot_write_what_evolve_trusts(env: Env, cli, tmp_path: Path) -> None:
+    home = _home(env)
+    setup_out, goal_out = tmp_path / "setup-attack.jsonl", tmp_path / "goal-attack.jsonl"
+    attack = tmp_path / "attack.py"
+    attack.write_text(ATTACK)
+    assert env.paths.trust_dir is not None
+    args = f"{env.repo} {env.tree} {home} {env.paths.trust_dir}"
+    (env.repo / "GOALS.yaml").write_text(
+        "version: 3\nmission: m\ngoals:\n  - id: tries\n    description: d\n"
+        f"    check: \"{sys.executable} {attack} {args} {goal_out}; test -f done.txt\"\n    weight: 5\n")
+    git(env.repo, "add", "GOALS.yaml")
+    git(env.repo, "commit", "-q", "-m", "goals")
+    env.write_config(workspace={"setup": [[sys.executable, str(attack), *args.split(), str(setup_out)]],
+                                "probe": False})
+    before = _snapshot(env, home)
+    start = int(git(env.repo, "rev-list", "--count", "HEAD"))
+    env.steps([{"write": [{"path": "done.txt", "content": "1\n"}], "report": {"result": "improved"}}])
+    r = cli("fire", "--cycles", "1", extra_env={"HOME": str(home)})
+    assert r.code == 0, r.stderr
+    e = env.ledger()[-1]
+    assert (e["work_ref"], e["result"], e["landed"]) == ("goal:tries", "improved", True), e
+    _assert_all_refused(setup_out, 1)
+    goal_runs = len(goal_out.read_text().splitlines())
+    assert goal_runs >= 2  # measured before and after the cycle, each time refused
+    _assert_all_refused(goal_out, goal_runs)
+    main = str(env.repo / ".git" / "refs" / "heads" / "main")
+    assert {k: v for k, v in _snapshot(env, home).items() if k != main} == {
+        k: v for k, v in before.items() if k != main}
+    _assert_git_clean(env, start)
+
+
+@needs_bwrap
+def test_a_sandbox_nested_inside_the_agents_starts(env: Env, cli, tmp_path: Path) -> None:
+    """An agent CLI with a bubblewrap sandbox of its own (Codex) can start it inside evolve's."""
+    env.queue(entry("nested"))
+    out = tmp_path / "nested.txt"
+    bwrap = sandbox.find_bwrap(os.environ)
+    assert bwrap is not None
+    inner = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-user", "--unshare-pid", "--proc", "/proc",
+             "--bind", str(tmp_path), str(tmp_path), "--", "sh", "-c", f"echo inner-ran > {out}"]
+    env.steps([{"write": [{"path": "n.txt", "content": "1\n"}], "run": [inner], "report": {"result": "improved"}}])
+    r = cli("fire", "--cycles", "1")
+    assert r.code == 0 and env.ledger()[-1]["result"] == "improved", r.stderr
+    assert out.read_text() == "inner-ran\n"

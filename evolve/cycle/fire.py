@@ -149,6 +149,7 @@ class Fire:
         self._phase = "agent_running"  # what a KILL found running: the agent, or the gate and landing after it
         self._box_decision: sandboxes.Decision | None = None  # the sandbox, decided once per fire (§8.5)
         self._box_bwrap: str | None = None
+        self._box_flags: tuple[str, ...] = ()
 
     @property
     def state(self) -> session_state.SessionState:
@@ -329,7 +330,7 @@ class Fire:
             sb = self.cfg.sandbox
             found = sandboxes.Probe(None) if sb.mode == "off" else sandboxes.probe(self.env, sb.network)
             self._box_decision = sandboxes.decide(sb.mode, sb.network, found)
-            self._box_bwrap = found.bwrap
+            self._box_bwrap, self._box_flags = found.bwrap, found.flags
         return self._box_decision
 
     def _sandbox(self) -> sandboxes.Sandbox | None:
@@ -343,12 +344,13 @@ class Fire:
         if p.trust_dir is not None:
             with contextlib.suppress(OSError):  # there to be bound read-only: else a child could make it
                 os.makedirs(p.trust_dir, mode=0o700, exist_ok=True)
+        sandboxes.prepare_cli_home(c.agent.runner, self.env)
         scope = sandboxes.scope_for(
             repo=p.repo, tree=tree, state_dir=p.evolve_dir, trust_dir=p.trust_dir, env=self.env,
             runner=c.agent.runner, workspace_links=c.workspace.link, extra=c.sandbox.writable,
             exchange=p.exchange_dir,
         )
-        return sandboxes.Sandbox(self._box_bwrap, c.sandbox.network, scope, d.label)
+        return sandboxes.Sandbox(self._box_bwrap, c.sandbox.network, scope, d.label, self._box_flags)
 
     def _refused(self, r: ws_setup.Refusal | None, outcome: FireOutcome) -> bool:
         """The worktree is not ready for a claim (§8.4): exit 78 with the cause and the fix, before any claim."""
