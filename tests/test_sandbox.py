@@ -218,6 +218,8 @@ def test_without_bwrap_auto_runs_unsandboxed_and_says_so(env: Env, cli) -> None:
     assert "sandbox.none" in r.stderr and "apt-get install bubblewrap" in r.stderr
     assert env.ledger()[-1]["result"] == "improved"
     _assert_git_clean(env, start)
+    dry = json.loads(cli("fire", "--dry-run", extra_env=NO_BWRAP).stdout)
+    assert dry["sandbox"]["in_force"] == "none: bwrap not found on PATH" and dry["sandbox"]["warning"], dry
     s = cli("status", extra_env=NO_BWRAP)
     assert "sandbox    none: bwrap not found on PATH" in s.stdout and "apt-get install bubblewrap" in s.stdout, s.stdout
     js = json.loads(cli("status", "--json", extra_env=NO_BWRAP).stdout)

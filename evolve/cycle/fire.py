@@ -896,6 +896,9 @@ class Fire:
             plan["gate_sees"] = self.prep.describe(ws)[0]
         except gitrun.GitError as exc:  # detached, unborn: nothing to land on, nothing the gate would see
             plan["gate_sees"] = {"error": str(exc)[:300]}
+        # Which sandbox the agent and the gate would run in (§8.5): the agent argv above is wrapped in it.
+        box = self._sandbox_decision()
+        plan["sandbox"] = {"in_force": box.label, "warning": box.warning, "refused": box.refuse}
         self.log.info("fire.dry_run", **{k: v for k, v in plan.items() if k not in ("agent", "gate_sees")})
         out = FireOutcome(exitcodes.OK, "dry-run", halt=d.halt)
         out.entries.append(plan)
