@@ -185,6 +185,7 @@ class Scope:
     protected: tuple[Path, ...]
     scratch: tuple[Path, ...] = tuple(Path(p) for p in SCRATCH)
     git_dirs: tuple[Path, ...] = ()  # work trees whose git admin dir and object store are added at each start
+    git_repo: Path | None = None  # the operator's checkout: where the git common dir is read from
     # (link, target): the target is writable while the link is there and points at it. While the worktree
     # links the operator's .agents (the queue, learnings, plans: what the agent writes on purpose), that
     # stays writable; evolve's state directory inside it does not.
@@ -220,7 +221,7 @@ def scope_for(
     protected = [repo, state_dir, home, *([trust_dir] if trust_dir else []), *also_protected]
     git = Path(env.get("XDG_CONFIG_HOME") or home / ".config")
     protected += [git / "evolve", home / ".config" / "evolve"]  # the global KILL
-    return Scope(tuple(writable), tuple(protected), git_dirs=(tree,), shared=shared)
+    return Scope(tuple(writable), tuple(protected), git_dirs=(tree,), git_repo=repo, shared=shared)
 
 
 def git_admin(tree: Path) -> tuple[Path | None, Path | None]:
@@ -241,6 +242,24 @@ def git_admin(tree: Path) -> tuple[Path | None, Path | None]:
     except OSError:
         common = admin
     return admin, common
+
+
+def worktree_admin(common: Path, tree: Path) -> Path | None:
+    """The admin dir (``<common>/worktrees/<name>``) whose ``gitdir`` names ``tree/.git``, compared as paths
+    (no link followed): each of those files is in an admin dir the agent cannot write but its own."""
+    want = {os.path.join(os.path.abspath(tree), ".git"), os.path.join(os.path.realpath(tree), ".git")}
+    try:
+        entries = sorted(os.scandir(common / "worktrees"), key=lambda e: e.name)
+    except OSError:
+        return None
+    for entry in entries:
+        try:
+            named = Path(entry.path, "gitdir").read_text(encoding="utf-8", errors="replace").strip()
+        except OSError:
+            continue
+        if entry.is_dir(follow_symlinks=False) and os.path.normpath(named) in want:
+            return Path(entry.path)
+    return None
 
 
 @dataclass(frozen=True)
@@ -268,17 +287,22 @@ def binds(scope: Scope) -> list[Bind]:
 
     add(scope.scratch, 0, True)
     protected, writable = list(scope.protected), list(scope.writable)
-    for tree in scope.git_dirs:
-        admin, common = git_admin(tree)
-        if common is None:
-            continue
+    # The git dirs come from the operator's checkout (read-only to every child), never from the worktree's
+    # own ``.git`` file: the agent can rewrite that one to name the common dir, or any other, as "its" admin dir.
+    _, common = git_admin(scope.git_repo) if scope.git_repo is not None else (None, None)
+    kept = [common / "objects" / "pack", common / "objects" / "info"] if common is not None else []
+    for tree in scope.git_dirs if common is not None else ():
+        assert common is not None
         protected.append(common)  # hooks, config, refs, packed-refs: the operator's git
-        if admin is not None and admin != common:
-            writable += [admin, common / "objects"]  # its HEAD, index and logs; the objects its commits add
-            protected.append(common / "objects" / "pack")  # what is packed (most of history) is not deletable
-        else:  # the checkout itself ([git] isolation = "none"): the agent commits on the branch
+        if scope.git_repo is not None and os.path.abspath(tree) == os.path.abspath(scope.git_repo):
+            # the checkout itself ([git] isolation = "none"): the agent commits on the branch
             writable.append(common)
-            protected += [common / "config", common / "hooks", common / "info", common / "objects" / "pack"]
+            protected += [common / "config", common / "hooks", *kept]
+            continue
+        admin = worktree_admin(common, tree)
+        if admin is not None:
+            writable += [admin, common / "objects"]  # its HEAD, index and logs; the objects its commits add
+            protected += kept  # what is packed (most of history) is not deletable, nor are alternates added
     for link, target in scope.shared:
         if link.is_symlink() and os.path.realpath(link) == os.path.realpath(target):
             writable.append(target)

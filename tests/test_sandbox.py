@@ -340,3 +340,44 @@ def test_a_sandbox_nested_inside_the_agents_starts(env: Env, cli, tmp_path: Path
     r = cli("fire", "--cycles", "1")
     assert r.code == 0 and env.ledger()[-1]["result"] == "improved", r.stderr
     assert out.read_text() == "inner-ran\n"
+
+
+@needs_bwrap
+def test_a_rewritten_worktree_git_file_opens_no_more_of_git(env: Env, cli, tmp_path: Path) -> None:
+    """The agent points its worktree's ``.git`` at the shared git dir; the next child (the gate) still
+    cannot write its config, hooks or branches: the sandbox reads the git dirs from the operator's checkout."""
+    home = _home(env)
+    env.queue(entry("redirect"))
+    saved, out = tmp_path / "dotgit", tmp_path / "gate-attack.jsonl"
+    redirect = (f"import shutil; shutil.copy('.git', {str(saved)!r}); "
+                f"open('.git', 'w').write('gitdir: {env.repo / '.git'}\\n')")
+    restore = f"import shutil; shutil.copy({str(saved)!r}, '.git')"
+    env.write_config(gate={"commands": [_attack_argv(env, home, out), [sys.executable, "-c", restore]]})
+    before = _snapshot(env, home)
+    start = int(git(env.repo, "rev-list", "--count", "HEAD"))
+    env.steps([{"write": [{"path": "r.txt", "content": "1\n"}], "run": [[sys.executable, "-c", redirect]],
+                "report": {"result": "improved"}}])
+    r = cli("fire", "--cycles", "1", extra_env={"HOME": str(home)})
+    assert r.code == 0, r.stderr
+    assert saved.read_text().startswith("gitdir: ") and str(env.repo / ".git" / "worktrees") in saved.read_text()
+    _assert_all_refused(out, 1)
+    main = str(env.repo / ".git" / "refs" / "heads" / "main")
+    assert {k: v for k, v in _snapshot(env, home).items() if k != main} == {
+        k: v for k, v in before.items() if k != main}
+    # (what evolve's own git then does in a worktree whose .git names the shared dir is issue 23 item 1's)
+    assert not (env.repo / ".git" / "index.lock").exists() and git(env.repo, "status", "--porcelain") == ""
+    assert int(git(env.repo, "rev-list", "--count", "HEAD")) >= start  # nothing of the operator's lost
+
+
+def test_the_git_dirs_come_from_the_checkout_not_the_worktrees_git_file(env: Env, tmp_path: Path) -> None:
+    """Pure but for the real repository: a worktree whose .git file was rewritten still gets only its own admin
+    dir and the objects writable, never the shared git dir."""
+    tree = tmp_path / "wt"
+    git(env.repo, "worktree", "add", "-q", "--detach", str(tree))
+    common = env.repo / ".git"
+    admin = next(p for p in (common / "worktrees").iterdir())
+    scope = sandbox.Scope(writable=(tree,), protected=(env.repo,), scratch=(), git_dirs=(tree,), git_repo=env.repo)
+    rw = {b.path for b in sandbox.binds(scope) if b.rw}
+    assert rw == {str(tree), str(admin), str(common / "objects")}
+    (tree / ".git").write_text(f"gitdir: {common}\n")  # the agent's rewrite
+    assert {b.path for b in sandbox.binds(scope) if b.rw} == rw and str(common) not in rw
