@@ -20,7 +20,9 @@ Three parts, as everywhere in evolve:
 
 Not ``--new-session`` (it calls ``setsid``: evolve's process-group kill, §12.3, would miss the
 child) and not ``--unshare-pid`` (reconcile finds a dead fire's children by their pid and
-``EVOLVE_FIRE_ID``, §12.4). ``--die-with-parent``: a killed bwrap takes its child with it.
+``EVOLVE_FIRE_ID``, §12.4), and not ``--die-with-parent``: bwrap dies at the group's SIGTERM, and with
+it the child would get SIGKILL at once, never the grace in which an agent ends cleanly (saves its
+session); without it the child stays in the group, and ``kill_group`` gives it the grace, then KILL.
 
 Base layer: standard library only. ``evolve status`` does not import it: it reads what the last fire
 recorded (``Paths.sandbox_state``).
@@ -138,8 +140,7 @@ ROOT_USERNS = ("--unshare-user", "--uid", "0", "--gid", "0")
 
 
 def _try(bwrap: str, flags: tuple[str, ...], network: str, env: Mapping[str, str]) -> Probe:
-    argv = [*base_argv(bwrap), *flags, *(["--unshare-net"] if network == "none" else []), "--die-with-parent",
-            "--", "true"]
+    argv = [*base_argv(bwrap), *flags, *(["--unshare-net"] if network == "none" else []), "--", "true"]
     try:
         res = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                              timeout=PROBE_TIMEOUT_S, env={"PATH": env.get("PATH") or os.defpath}, check=False)
@@ -331,7 +332,7 @@ class Sandbox:
             out += ["--bind" if b.rw else "--ro-bind", b.path, b.path]
         if self.network == "none":
             out.append("--unshare-net")
-        return [*out, "--die-with-parent", "--", *argv]
+        return [*out, "--", *argv]
 
 
 def state_json(decision: Decision, network: str, mode: str) -> dict[str, object]:

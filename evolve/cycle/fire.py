@@ -311,9 +311,9 @@ class Fire:
             return False
         d = self._sandbox_decision()
         with contextlib.suppress(OSError):  # what `evolve status` shows (it never probes)
-            write_json(self.paths.sandbox_state,
-                       {**sandboxes.state_json(d, self.cfg.sandbox.network, self.cfg.sandbox.mode),
-                        "at": utc_iso(self.clock()), "fire_id": self.fire_id})
+            write_json(self.paths.sandbox_state, redact.current().json(  # the sink: bwrap's error line
+                {**sandboxes.state_json(d, self.cfg.sandbox.network, self.cfg.sandbox.mode),
+                 "at": utc_iso(self.clock()), "fire_id": self.fire_id}))
         if d.refuse:
             self.log.error("preflight.failed", check="sandbox", error=d.refuse)
             self.ctx.emit("preflight.failed", check="sandbox", errors=[d.refuse], fix=sandboxes.INSTALL)
