@@ -175,6 +175,15 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class SandboxConfig:
+    """What the agent, gate commands, setup and goal checks run in (docs/DESIGN.md §8.6, evolve/sandbox.py)."""
+
+    mode: str = "auto"  # auto: bubblewrap where it starts, else unsandboxed with a warning | required | off
+    network: str = "all"  # all | none (--unshare-net)
+    writable: list[str] = field(default_factory=list)  # extra absolute (or ~/) paths the children may write
+
+
+@dataclass(frozen=True)
 class Config:
     agent: AgentConfig = field(default_factory=AgentConfig)
     context: ContextConfig = field(default_factory=ContextConfig)
@@ -191,6 +200,7 @@ class Config:
     notify: NotifyConfig = field(default_factory=NotifyConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
 
 SECTIONS: dict[str, type] = typing.get_type_hints(Config)
@@ -199,6 +209,8 @@ ENUMS: dict[tuple[str, str], tuple[str, ...]] = {
     ("agent", "runner"): ("claude", "codex", "gemini", "command", "http"),
     ("fire", "mode"): ("burst", "loop"),
     ("git", "isolation"): ("worktree", "none"),
+    ("sandbox", "mode"): ("auto", "required", "off"),
+    ("sandbox", "network"): ("all", "none"),
 }
 RANGES: dict[tuple[str, str], tuple[float, float]] = {
     ("context", "streak_limit"): (1, 10_000),
@@ -384,6 +396,8 @@ def _validate_ranges(section: str, key: str, value: Any, where: str) -> None:
             if why:
                 raise ConfigError(f"{where}: workspace.setup[{i}]: {why}, and evolve runs no shell; give a program "
                                   'and its arguments, e.g. ["npm", "ci"]'[:300])
+    if section == "sandbox":
+        _sandbox_check(key, value, where)
     if (section, key) in ENUMS and value not in ENUMS[(section, key)]:
         choices = "|".join(ENUMS[(section, key)])
         raise ConfigError(f"{where}: {section}.{key} must be one of {choices}, got {value!r}")
@@ -391,6 +405,17 @@ def _validate_ranges(section: str, key: str, value: Any, where: str) -> None:
         lo, hi = RANGES[(section, key)]
         if not lo <= value <= hi:
             raise ConfigError(f"{where}: {section}.{key} must be between {lo:g} and {hi:g}, got {value!r}")
+
+
+def _sandbox_check(key: str, value: Any, where: str) -> None:
+    if key == "network" and value == "model":
+        raise ConfigError(f'{where}: sandbox.network = "model" (only the model API reachable) is not implemented '
+                          'yet; use "all" or "none"')
+    if key == "writable":
+        for entry in value:
+            if not (entry.startswith("/") or entry.startswith("~/")) or "\0" in entry:
+                raise ConfigError(f"{where}: sandbox.writable: {entry!r} must be an absolute path (or start with ~/)"
+                                  [:300])
 
 
 def _json_string_list(raw: str) -> bool:

@@ -122,6 +122,15 @@ TEMPLATE = """\
 # timeout_s = 10             # the notify command's process group is killed after this long
 # pass_env = []              # extra env names for the notify command (e.g. a webhook URL variable)
 
+[sandbox]
+# The agent, gate commands, setup and goal checks run in bubblewrap (apt-get install bubblewrap): only
+# their worktree, their CLI's own files and the paths below writable; config, markers, the ledger, the
+# checkout, .git and $HOME read-only (docs/DESIGN.md §8.6).
+# mode = "auto"              # auto: bubblewrap where it starts, else unsandboxed with a warning in
+#                            # doctor/status; "required": a fire refuses (exit 78) without it; "off"
+# network = "all"            # "none": no network at all (--unshare-net; the model API too)
+# writable = []              # extra absolute (or ~/) paths they may write, e.g. ["~/.cache/go-build"]
+
 [retention]
 # Applied at the end of every fire to evolve's own files under .agents/evolve/; 0 = no limit.
 # run_log_max_mb = 50        # one run log: past this, its head and tail are kept (capped while written)

@@ -364,7 +364,9 @@ def writable(t: Target) -> list[str]:
             out.append("-" + p)
     if private_tmp(t) != "PrivateTmp=yes":
         out += ["-/tmp", "-/var/tmp"]
-    return [*out, f"-{t.home}/.claude", f"-{t.home}/.claude.json"]
+    # The operator's trust records (evolve/trusted.py: ~/.local/state/evolve of the service's user): a fire
+    # writes the push pin and the guard's record there.
+    return [*out, f"-{t.home}/.claude", f"-{t.home}/.claude.json", f"-{t.home}/.local/state/evolve"]
 
 
 def _unit_ctx(t: Target) -> dict[str, object]:

@@ -34,7 +34,10 @@ SyslogIdentifier=evolve
 
 # `systemd-analyze security` review (see deploy/README.md): everything an agent loop does not need is
 # closed; what it needs stays open and is documented: the network (the model's API), the home
-# directory (the CLI writes ~/.claude.json and its session store), JIT memory (Node), namespaces.
+# directory (the CLI writes ~/.claude.json and its session store), JIT memory (Node), namespaces, and
+# @mount on top of @system-service: bubblewrap (docs/DESIGN.md §8.6) mounts the agent's and the gate's
+# read-only view in a user namespace of its own; without @mount seccomp kills it (SIGSYS) and a fire
+# runs them unsandboxed. The empty CapabilityBoundingSet= stays: a new user namespace has its own.
 # The sandbox both services share; the user units stop after PrivateTmp (see HARDENING).
 SANDBOX = """\
 NoNewPrivileges=yes
@@ -55,7 +58,7 @@ RestrictSUIDSGID=yes
 RestrictRealtime=yes
 LockPersonality=yes
 SystemCallArchitectures=native
-SystemCallFilter=@system-service
+SystemCallFilter=@system-service @mount
 RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK
 CapabilityBoundingSet=
 UMask=0027

@@ -359,6 +359,21 @@ class _NullLog:
         return lambda *a, **k: None
 
 
+def check_sandbox(cfg: Any, env: Mapping[str, str]) -> Finding:
+    """Which sandbox a fire would run the agent and the gate in (docs/DESIGN.md §8.6): bwrap is started here,
+    as each fire starts it, so a host that refuses its namespaces is seen."""
+    from evolve import sandbox
+
+    sb = cfg.sandbox
+    found = sandbox.Probe(None) if sb.mode == "off" else sandbox.probe(env, sb.network)
+    d = sandbox.decide(sb.mode, sb.network, found)
+    if d.refuse:
+        return Finding("sandbox", FAIL, d.refuse, "fires exit 78 until then")
+    if d.warning:
+        return Finding("sandbox", WARN, d.warning, sandbox.INSTALL)
+    return Finding("sandbox", OK, d.label)
+
+
 def check_markers(snap: StatusSnapshot | None) -> list[Finding]:
     """Markers that halt fires and an open breaker (nothing when the state could not be read)."""
     if snap is None:
@@ -752,6 +767,7 @@ def diagnose(repo: Path, env: Mapping[str, str]) -> list[Finding]:
     findings.append(check_tracker(cfg, repo, env))
     findings += check_workspace(paths, cfg, env)
     findings += check_state_dir(paths.evolve_dir)
+    findings.append(check_sandbox(cfg, env))
     if cfg.metrics.textfile_dir:
         from evolve.metrics import textfile_dir
 

@@ -187,6 +187,17 @@ class Paths:
         return self._e("runs")
 
     @property
+    def sandbox_state(self) -> Path:
+        """Which sandbox the last fire ran its children in (docs/DESIGN.md §8.6): ``status`` reads it, never probes."""
+        return self._e("sandbox.json")
+
+    @property
+    def exchange_dir(self) -> Path:
+        """What an agent hands back (the command runner's report file): the one place in the state directory a
+        sandboxed agent may write (docs/DESIGN.md §8.6)."""
+        return self._e("exchange")
+
+    @property
     def handoffs_dir(self) -> Path:
         return self._e("handoffs")
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from evolve.redact import Redactor, current
+from evolve.sandbox import Sandbox
 from evolve.store.atomic import open_artifact
 
 FIRE_TAG = "EVOLVE_FIRE_ID"  # a fire's id, in the environment of every child it starts (see tagged_groups)
@@ -176,6 +177,25 @@ _LOG_CAP: contextvars.ContextVar[int] = contextvars.ContextVar("evolve_log_cap",
 # Told whenever a child starts, beats (every Limits.heartbeat_s) or ends: the daemon's watchdog
 # pings only while its fires make progress (docs/DESIGN.md §12).
 _PROGRESS: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar("evolve_progress", default=None)
+# The sandbox the fire runs repository and agent code in (docs/DESIGN.md §8.6); None: unsandboxed.
+_SANDBOX: contextvars.ContextVar[Sandbox | None] = contextvars.ContextVar("evolve_sandbox", default=None)
+
+
+@contextlib.contextmanager
+def sandboxed(box: Sandbox | None) -> Iterator[None]:
+    """Children started in this context (this thread) with ``sandbox=contained()`` run inside ``box``."""
+    token = _SANDBOX.set(box)
+    try:
+        yield
+    finally:
+        _SANDBOX.reset(token)
+
+
+def contained() -> Sandbox | None:
+    """The fire's sandbox for a child that runs repository or agent code (the agent, gate commands,
+    workspace setup, the gate probe, goal checks); None outside a fire or when none is in force.
+    A thread the fire starts asks in the fire's thread and passes the answer on."""
+    return _SANDBOX.get()
 
 
 @contextlib.contextmanager
@@ -281,15 +301,17 @@ def spawn(
     stdin: Any = subprocess.DEVNULL,
     stdout: Any = subprocess.PIPE,
     stderr: Any = subprocess.PIPE,
+    sandbox: Sandbox | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` (never through a shell) as the leader of a new process group.
 
     The one place evolve starts a child it must be able to stop: its own session makes the group id
     the child's pid, so :func:`kill_group` reaches everything it starts, and ``env`` (a fire's, with
-    ``EVOLVE_FIRE_ID``) lets :func:`tagged_groups` find its leftovers after a crash.
+    ``EVOLVE_FIRE_ID``) lets :func:`tagged_groups` find its leftovers after a crash. With ``sandbox``
+    the child starts inside it (bwrap leads the group; it keeps no session of its own, §8.6).
     """
     return subprocess.Popen(
-        list(argv),
+        sandbox.wrap(argv) if sandbox is not None else list(argv),
         cwd=cwd,
         env=dict(env),
         stdin=stdin,
@@ -307,6 +329,7 @@ def _start(
     log: Any,
     stderr_path: Path | None,
     stdin_path: Path | None,
+    sandbox: Sandbox | None = None,
 ) -> subprocess.Popen[bytes]:
     """:func:`spawn` with stdout on a pipe, stderr to ``stderr_path`` (or stdout), stdin from ``stdin_path``."""
     err = os.fdopen(open_artifact(stderr_path), "ab") if stderr_path else None
@@ -318,6 +341,7 @@ def _start(
             env=env,
             stdin=inp if inp else subprocess.DEVNULL,
             stderr=err if err else subprocess.STDOUT,
+            sandbox=sandbox,
         )
     except OSError:
         if log:
@@ -427,6 +451,7 @@ def run_group(
     on_heartbeat: Callable[[float], None] | None = None,
     stop: threading.Event | None = None,
     redactor: Redactor | None = None,
+    sandbox: Sandbox | None = None,
 ) -> ProcessResult:
     """Run ``argv`` (never through a shell) in its own process group and wait for it under ``limits``.
 
@@ -439,7 +464,7 @@ def run_group(
     cap = _LOG_CAP.get() if limits.log_max_bytes is None else limits.log_max_bytes
     if log is not None and cap > 0:
         log = CappedLog(log, cap)
-    proc = _start(argv, cwd, env, log, stderr_path, stdin_path)
+    proc = _start(argv, cwd, env, log, stderr_path, stdin_path, sandbox)
     pgid = proc.pid  # start_new_session: the child leads its own group
     progressed()
     out = _Output(log, limits.tail_bytes, redactor or current(), on_output)

@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("evolve", "evolve.paths", "evolve.timeutil", "evolve.errors", "evolve.exitcodes", "evolve.results",
               "evolve.redact", "evolve.crashpoint", "evolve.jsonsafe", "evolve.log", "evolve.config",
               "evolve.cronexpr", "evolve.sdnotify", "evolve.config_template", "evolve.deploy_templates",
-              "evolve.childenv", "evolve.tty", "evolve.trusted")),
+              "evolve.childenv", "evolve.tty", "evolve.sandbox", "evolve.trusted")),
     ("store", ("evolve.store",)),
     ("process", ("evolve.procgroup", "evolve.git", "evolve.configtrust")),
     ("work", ("evolve.work",)),

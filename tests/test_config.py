@@ -169,6 +169,8 @@ def changed(section: str, key: str, tp: Any, default: Any) -> Any:
         return "changed value"
     if key == "pass_env":
         return ["A_B", "C_*"]  # variable names, validated
+    if (section, key) == ("sandbox", "writable"):
+        return ["/srv/build cache", "~/.cache/tool"]  # absolute or ~/, validated
     if tp == list[str]:
         return ["a b", "c"]
     if tp == list[list[str]]:

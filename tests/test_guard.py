@@ -344,3 +344,21 @@ def test_evolve_trust_accepts_a_refused_change_and_repins_a_moved_remote(env: En
     assert not env.paths.guard.exists()
     r = cli("fire", "--cycles", "1")
     assert r.code == 0 and env.ledger()[-1]["result"] == "improved", r.stderr[-2000:]
+
+
+def test_a_worktree_git_file_the_agent_rewrote_is_put_back_and_the_cycle_refused(env: Env, cli) -> None:
+    env.queue(entry("one", "two"))
+    common = env.repo / ".git"
+    env.steps([{**improved_step(), "run": [_py(f"open('.git', 'w').write('gitdir: {common}\\n')")]},
+               improved_step()])
+    tip = _tip(env)
+    r = cli("fire", "--cycles", "1", extra_env={"EVOLVE_BWRAP": "/nonexistent"})
+    assert r.code == 0, r.stderr[-2000:]
+    last = env.ledger()[-1]
+    assert last["result"] == "failed" and "rewrote its worktree's .git file" in last["error"], last
+    assert _tip(env) == tip
+    assert (env.tree / ".git").read_text().startswith("gitdir: ") and "worktrees" in (env.tree / ".git").read_text()
+    assert git(env.repo, "status", "--porcelain", "--untracked-files=no").strip() == ""
+    r = cli("fire", "--cycles", "1")
+    assert r.code == 0 and env.ledger()[-1]["result"] == "improved", r.stderr[-2000:]
+    assert _tip(env) != tip

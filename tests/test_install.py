@@ -526,7 +526,7 @@ def test_readwritepaths_cover_every_directory_the_config_writes(given: tuple, wa
     repo, state, written = given
     t = deploy.Target(name="r", repo=repo, state_dir=state, evolve=("/usr/bin/evolve",), path="/usr/bin",
                       home="/home/u", cron="*/30 * * * *", rw_paths=written)
-    assert deploy.writable(t) == [*want, "-/home/u/.claude", "-/home/u/.claude.json"]
+    assert deploy.writable(t) == [*want, "-/home/u/.claude", "-/home/u/.claude.json", "-/home/u/.local/state/evolve"]
 
 
 def test_install_drops_evolves_venv_and_says_what_scheduled_fires_get(env: Env, cli, tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ import orjson
 import pytest
 from support import Env, entry, git, improved_step, live
 
+from evolve import sandbox
 from evolve.cycle import pending
 from evolve.git import land
 from evolve.git.land import Snapshot, Step
@@ -200,8 +201,11 @@ def test_an_agent_that_commits_on_a_new_branch_of_its_own_lands_only_its_commits
     assert e["result"] == "improved" and e["sha"] == head(env.repo), e
     assert git(env.repo, "rev-list", "--count", f"{main}..main").strip() == "1"
     assert (env.repo / "a.txt").read_text() == "a\n"
-    # evolve moved only main: the agent's own branch stays where the agent left it.
-    assert head(env.repo, "refs/heads/agent-branch") == e["sha"]
+    if sandbox.probe(os.environ).ok:  # refs/heads/ is read-only to the agent (docs/DESIGN.md §8.6): no branch
+        assert not (env.repo / ".git" / "refs" / "heads" / "agent-branch").exists()
+        assert "agent-branch" not in git(env.repo, "branch", "--list")
+    else:  # evolve moved only main: the agent's own branch stays where the agent left it.
+        assert head(env.repo, "refs/heads/agent-branch") == e["sha"]
 
 
 def test_an_agent_that_resets_below_the_cycle_start_lands_nothing(env: Env, cli) -> None:

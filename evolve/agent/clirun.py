@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from evolve.agent.invocation import Invocation
 from evolve.agent.report import AgentReport
 from evolve.config import AgentConfig
-from evolve.procgroup import Limits, ProcessResult, run_group
+from evolve.procgroup import Limits, ProcessResult, contained, run_group
 from evolve.redact import Redactor
 from evolve.store.atomic import write_new
 from evolve.store.dirfd import ensure_dir
@@ -182,6 +182,7 @@ class CliRunner:
                     on_heartbeat=beat,
                     # Every secret evolve holds is masked, not only the ones the agent was given.
                     redactor=Redactor.from_env({**self.base_env, **env}),
+                    sandbox=contained(),  # the fire's (docs/DESIGN.md §8.6)
                 )
             except OSError as exc:
                 return AgentReport("failed", error_class="fatal", error=f"cannot start {self.cfg.argv[0]!r}: {exc}")

@@ -20,7 +20,7 @@ from evolve.agent.invocation import Invocation
 from evolve.agent.report import AgentReport, last_report_block, loads_report, parse_report
 from evolve.childenv import agent_env
 from evolve.config import AgentConfig
-from evolve.procgroup import Limits, run_group
+from evolve.procgroup import Limits, contained, run_group
 from evolve.redact import Redactor
 from evolve.store.atomic import write_new
 from evolve.store.dirfd import ensure_dir
@@ -108,6 +108,7 @@ class CommandRunner:
         on_heartbeat: Callable[[float], None] | None,
     ) -> AgentReport:
         write_new(inv.prompt_file, prompt_text(inv).encode("utf-8"))
+        ensure_dir(inv.report_file.parent, mode=0o700)
         inv.report_file.unlink(missing_ok=True)
         argv = substitute(self.cfg.argv, inv.values())
         env, _ = child_env(self.base_env, inv, self.cfg)
@@ -128,6 +129,7 @@ class CommandRunner:
                 on_heartbeat=on_heartbeat,
                 # Every secret evolve holds is masked, not only the ones the agent was given.
                 redactor=Redactor.from_env({**self.base_env, **env}),
+                sandbox=contained(),  # the fire's (docs/DESIGN.md §8.6)
             )
         except OSError as exc:
             return AgentReport("failed", error_class="fatal", error=f"cannot start agent {argv[0]!r}: {exc}")

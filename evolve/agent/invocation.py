@@ -27,6 +27,9 @@ class Invocation:
     work: WorkItem
     orientation: Orientation
     fork_from: str | None = None  # mode "fork": the parent session resumed with --fork-session
+    # Where the agent writes what it hands back (the report file): writable in the sandbox, unlike
+    # run_dir (docs/DESIGN.md §8.6); run_dir when not given.
+    exchange_dir: Path | None = None
 
     @property
     def prompt(self) -> str:
@@ -39,7 +42,7 @@ class Invocation:
 
     @property
     def report_file(self) -> Path:
-        return self.run_dir / f"cycle-{self.cycle}.report.json"
+        return (self.exchange_dir or self.run_dir) / f"cycle-{self.cycle}.report.json"
 
     @property
     def log_file(self) -> Path:

@@ -24,6 +24,7 @@ from typing import Any
 
 from evolve import configtrust, crashpoint, exitcodes, redact
 from evolve import log as logmod
+from evolve import sandbox as sandboxes
 from evolve.agent import preflight as agent_preflight
 from evolve.agent import prompt, retry
 from evolve.agent import session as sessions
@@ -69,10 +70,10 @@ from evolve.harness import handoff as handoffs
 from evolve.harness import hooks as harness_hooks
 from evolve.harness import plan as plans
 from evolve.paths import Paths
-from evolve.procgroup import FIRE_TAG, stop_signals
+from evolve.procgroup import FIRE_TAG, sandboxed, stop_signals
 from evolve.results import CycleResult
 from evolve.store import session_state
-from evolve.store.atomic import atomic_write_bytes
+from evolve.store.atomic import atomic_write_bytes, write_json
 from evolve.store.dirfd import ensure_dir
 from evolve.store.ledger import Ledger
 from evolve.store.lock import FireLock
@@ -159,6 +160,9 @@ class Fire:
         self._cycle = 0
         self.gate.guard = self._guard_check
         self._phase = "agent_running"  # what a KILL found running: the agent, or the gate and landing after it
+        self._box_decision: sandboxes.Decision | None = None  # the sandbox, decided once per fire (§8.6)
+        self._box_bwrap: str | None = None
+        self._box_flags: tuple[str, ...] = ()
 
     @property
     def state(self) -> session_state.SessionState:
@@ -264,9 +268,10 @@ class Fire:
         self.ctx.save()
         outcome = FireOutcome()
         try:
-            if self._open_workspace(outcome):
-                self.fire_seal = self._seal()  # after evolve's own set-up writes
-                self._cycles(step1, outcome, started=self.mono())
+            with sandboxed(self._sandbox()):  # the agent, gate, setup, probe and goal checks inside it (§8.6)
+                if self._open_workspace(outcome):
+                    self.fire_seal = self._seal()  # after evolve's own set-up writes
+                    self._cycles(step1, outcome, started=self.mono())
         except Exception as exc:
             # session-state.fire stays recorded: the next fire reconciles this one as crashed
             # (ledger entry, claim released, agent group killed) exactly as after a SIGKILL.
@@ -323,7 +328,8 @@ class Fire:
         settle.waiting(self.ctx, self.ws, self.gate.publisher)
 
     def _preflight(self) -> bool:
-        """The runner preflight (what `doctor` checks cheaply) before any claim: a config error is not the item's."""
+        """The runner preflight (what `doctor` checks cheaply) before any claim: a config error is not the item's.
+        Then the sandbox (§8.6): a ``required`` one that cannot start refuses the fire here, before any claim."""
         problems, _ = agent_preflight.check(self.cfg.agent, self.env, worktree=self.cfg.git.isolation == "worktree")
         # §8.5: a committed, untrusted Codex or Gemini settings file that the CLI would read and no flag keeps out.
         refusal = agent_settings.for_config(self.paths, self.cfg, self.env).refusal
@@ -333,7 +339,49 @@ class Fire:
             self.log.error("preflight.failed", error=p.message, fix=p.fix, runner=self.cfg.agent.runner)
         if problems:
             self.ctx.emit("preflight.failed", errors=[p.message for p in problems], fix=problems[0].fix)
-        return not problems
+            return False
+        d = self._sandbox_decision()
+        with contextlib.suppress(OSError):  # what `evolve status` shows (it never probes)
+            write_json(self.paths.sandbox_state, redact.current().json(  # the sink: bwrap's error line
+                {**sandboxes.state_json(d, self.cfg.sandbox.network, self.cfg.sandbox.mode),
+                 "at": utc_iso(self.clock()), "fire_id": self.fire_id}))
+        if d.refuse:
+            self.log.error("preflight.failed", check="sandbox", error=d.refuse)
+            self.ctx.emit("preflight.failed", check="sandbox", errors=[d.refuse], fix=sandboxes.INSTALL)
+            return False
+        if d.warning:
+            self.log.warning("sandbox.none", detail=d.warning)
+        else:
+            self.log.info("sandbox", in_force=d.label)
+        return True
+
+    def _sandbox_decision(self) -> sandboxes.Decision:
+        """Which sandbox this fire runs its children in: bwrap probed once per fire (§8.6)."""
+        if self._box_decision is None:
+            sb = self.cfg.sandbox
+            found = sandboxes.Probe(None) if sb.mode == "off" else sandboxes.probe(self.env, sb.network)
+            self._box_decision = sandboxes.decide(sb.mode, sb.network, found)
+            self._box_bwrap, self._box_flags = found.bwrap, found.flags
+        return self._box_decision
+
+    def _sandbox(self) -> sandboxes.Sandbox | None:
+        """The fire's sandbox, when one is in force: its scope is where this fire's agent works (§8.6)."""
+        d = self._sandbox_decision()
+        if not d.use or self._box_bwrap is None:
+            return None
+        c, p = self.cfg, self.paths
+        worktree = c.git.isolation == "worktree"
+        tree = workspace.tree_path(p.repo, p.evolve_dir, c.git) if worktree else p.repo
+        if p.trust_dir is not None:
+            with contextlib.suppress(OSError):  # there to be bound read-only: else a child could make it
+                os.makedirs(p.trust_dir, mode=0o700, exist_ok=True)
+        sandboxes.prepare_cli_home(c.agent.runner, self.env)
+        scope = sandboxes.scope_for(
+            repo=p.repo, tree=tree, state_dir=p.evolve_dir, trust_dir=p.trust_dir, env=self.env,
+            runner=c.agent.runner, workspace_links=c.workspace.link, extra=c.sandbox.writable,
+            exchange=p.exchange_dir,
+        )
+        return sandboxes.Sandbox(self._box_bwrap, c.sandbox.network, scope, d.label, self._box_flags)
 
     def _refused(self, r: ws_setup.Refusal | None, outcome: FireOutcome) -> bool:
         """The worktree is not ready for a claim (§8.4): exit 78 with the cause and the fix, before any claim."""
@@ -701,6 +749,7 @@ class Fire:
             work=item,
             orientation=plan.orientation,
             fork_from=plan.fork_from,
+            exchange_dir=self.paths.exchange_dir,
         )
         return plan, inv
 
@@ -928,6 +977,9 @@ class Fire:
             plan["gate_sees"] = self.prep.describe(ws)[0]
         except gitrun.GitError as exc:  # detached, unborn: nothing to land on, nothing the gate would see
             plan["gate_sees"] = {"error": str(exc)[:300]}
+        # Which sandbox the agent and the gate would run in (§8.6): the agent argv above is wrapped in it.
+        box = self._sandbox_decision()
+        plan["sandbox"] = {"in_force": box.label, "warning": box.warning, "refused": box.refuse}
         self.log.info("fire.dry_run", **{k: v for k, v in plan.items() if k not in ("agent", "gate_sees")})
         out = FireOutcome(exitcodes.OK, "dry-run", halt=d.halt)
         out.entries.append(plan)

@@ -29,7 +29,7 @@ from evolve.git import land
 from evolve.git import refs as gitrefs
 from evolve.git import run as gitrun
 from evolve.paths import Paths
-from evolve.procgroup import Limits, run_group
+from evolve.procgroup import Limits, contained, run_group
 from evolve.results import COMMIT_FAILED, GUARD_REFUSED, LAND_FAILED, LAND_REFUSED, SUCCESS, CycleResult
 from evolve.store.atomic import open_artifact
 from evolve.store.dirfd import ensure_dir
@@ -422,6 +422,7 @@ class Gate:
                         limits=Limits(timeout_s=self.cfg.gate.timeout_s, grace_s=2.0, tail_bytes=0),
                         log_path=out,
                         stop=stop,
+                        sandbox=contained(),  # repository code: the fire's sandbox (§8.6)
                     )
                 except OSError as exc:
                     return Red(f"{label}: {exc}")

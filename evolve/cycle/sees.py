@@ -31,7 +31,7 @@ from evolve.childenv import BASE, FIRE, child_env, with_path
 from evolve.config import Config, bad_rel_path
 from evolve.cycle import probe
 from evolve.git import run as gitrun
-from evolve.procgroup import Limits, run_group
+from evolve.procgroup import Limits, contained, run_group
 from evolve.store.atomic import read_json, write_json
 from evolve.timeutil import utc_iso
 
@@ -314,7 +314,7 @@ def ask(argv: list[str], *, tree: Path, env: Mapping[str, str], timeout_s: float
         try:
             res = run_group(argv, cwd=tree, env={**env, "PYTHONDONTWRITEBYTECODE": "1"},
                             limits=Limits(timeout_s=timeout_s, grace_s=1.0, tail_bytes=0, log_max_bytes=0),
-                            log_path=out)
+                            log_path=out, sandbox=contained())
         except OSError as exc:
             return {"error": f"cannot run {argv[0]}: {exc.strerror or exc}"}
         text = out.read_text(errors="replace") if out.exists() else ""

@@ -43,7 +43,7 @@ from evolve.cycle.gate import Red, excerpt, output_tail
 from evolve.git import pathargs, worktree
 from evolve.git import run as gitrun
 from evolve.paths import PROBE_FILE, SETUP_FILE, Paths
-from evolve.procgroup import Limits, run_group
+from evolve.procgroup import Limits, contained, run_group
 from evolve.store.atomic import open_artifact, read_json, write_json
 from evolve.store.dirfd import ensure_dir
 from evolve.timeutil import utc_iso
@@ -533,7 +533,7 @@ class Preparer:
             finally:
                 os.close(fd)
             try:
-                res = run_group(argv, cwd=tree, env=env, log_path=log_path, stop=self.stop,
+                res = run_group(argv, cwd=tree, env=env, log_path=log_path, stop=self.stop, sandbox=contained(),
                                 limits=Limits(timeout_s=max(budget, 0.1), grace_s=2.0, tail_bytes=16 * 1024))
             except OSError as exc:
                 return SetupRun(False, label, f"cannot start: {exc.strerror or exc}")

@@ -319,6 +319,9 @@ class Isolated:
     def after_agent(self, start: Start) -> str:
         """Detach the worktree if the agent attached it to a branch, and check its HEAD is still on the
         cycle's line: "" when it is, else why its commits cannot be the cycle's (nothing will land)."""
+        moved = self._repair_git_file()
+        if moved:
+            return moved
         branch = worktree.attached(self.tree)
         if branch:
             worktree.detach(self.tree, self.policy)
@@ -338,6 +341,33 @@ class Isolated:
                     f"{shown}): only the cycle's own commits may land")
         self._strip_agents(start.sha, head)
         return ""
+
+    def _repair_git_file(self) -> str:
+        """The worktree's ``.git`` file names its own admin dir again; why the cycle is refused when the agent
+        had rewritten it (pointed at the shared git dir, evolve's git would commit and reset there), or ""."""
+        from evolve.sandbox import git_admin, worktree_admin
+
+        _, common = git_admin(self.repo)
+        admin = worktree_admin(common, self.tree) if common is not None else None
+        if admin is None:
+            return ""
+        dot = self.tree / ".git"
+        want = f"gitdir: {admin}\n"
+        try:
+            now = dot.read_text(encoding="utf-8", errors="replace") if dot.is_file() and not dot.is_symlink() else None
+        except OSError:
+            now = None
+        if now is not None and now.strip() == want.strip():
+            return ""
+        from evolve.store.atomic import atomic_write_bytes
+
+        if os.path.isdir(dot) and not os.path.islink(dot):
+            shutil.rmtree(dot)
+        elif os.path.lexists(dot):
+            os.unlink(dot)
+        atomic_write_bytes(dot, want.encode())
+        self.log.warning("workspace.git_file_repaired", path=str(dot))
+        return "the agent rewrote its worktree's .git file (evolve put it back): its commits cannot be the cycle's"
 
     def _strip_agents(self, start: str, head: str) -> None:
         """The agent's own commits without what they changed under ``.agents/`` (one commit in their place).

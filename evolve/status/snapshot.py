@@ -187,6 +187,7 @@ class StatusSnapshot:
     set_aside_refs: tuple[setaside.Aside, ...] = ()  # each set-aside ref: its item, superseded, needs you
     workspace: dict[str, Any] | None = None  # workspace-health.json: why the last fire had no workspace, pinned keys
     trust: dict[str, Any] | None = None  # the repository's config and agent settings the operator has not trusted
+    sandbox: dict[str, Any] | None = None  # which sandbox is in force (sandbox.json, as the last fire found it, §8.6)
 
     def as_json(self) -> dict[str, Any]:
         """What ``evolve status --json`` prints (its keys and their order are a published schema)."""
@@ -675,6 +676,9 @@ def read_snapshot(
     degraded += _guarded(paths)
     if config_error is None:
         degraded += _workspace(paths, cfg)
+    box = sandbox_info(paths, cfg if config_error is None else None)
+    if box.get("refused"):
+        degraded.append(f"sandbox: {box['refused']}")
     health = state_of(halt, degraded)
     return StatusSnapshot(
         repo=str(paths.repo),
@@ -708,7 +712,8 @@ def read_snapshot(
         recent=tail.entries[-recent:] if recent > 0 else [],
         malformed_lines_seen=tail.malformed,
         warnings=tuple(_warnings(markers, tail.malformed, last, st.parked_items) + aside_warnings + land_warnings
-                       + ws_warnings + trust_warnings),
+                       + ws_warnings + trust_warnings
+                       + ([box["warning"]] if box.get("warning") else [])),
         config_error=config_error,
         generated_at=utc_iso(now),
         set_aside=set_aside,
@@ -719,7 +724,25 @@ def read_snapshot(
         workspace=ws_health if isinstance(ws_health, dict) else None,
         parked_items=tuple(st.parked_items),
         trust=trust,
+        sandbox=box,
     )
+
+
+def sandbox_info(paths: Paths, cfg: Any) -> dict[str, Any]:
+    """Which sandbox the agent and the gate run in, as the last fire found it (``sandbox.json``; status never
+    starts bwrap itself: ``evolve doctor`` does). ``[sandbox] mode = "off"`` in the config wins."""
+    mode = cfg.sandbox.mode if cfg is not None else None
+    if mode == "off":
+        return {"mode": "off", "in_force": False, "label": 'off ([sandbox] mode = "off")', "warning": None,
+                "refused": None}
+    rec = read_json(paths.sandbox_state)
+    if not isinstance(rec, dict) or not isinstance(rec.get("label"), str):
+        return {"mode": mode, "in_force": None, "label": "not known yet (no fire since; evolve doctor probes it)",
+                "warning": None, "refused": None}
+    out = {k: rec.get(k) for k in ("mode", "network", "in_force", "label", "warning", "refused", "at")}
+    for k in ("label", "warning", "refused"):
+        out[k] = _shown(out[k], 400) if isinstance(out[k], str) else None
+    return out
 
 
 def status(

@@ -166,6 +166,7 @@ def render_status(info: Mapping[str, Any]) -> str:
         _session_line(info.get("agent_session")),
         *_marker_lines(info["markers"]),
         _autocompact_line(info.get("autocompact") or {}),
+        f"sandbox    {term_safe(str((info.get('sandbox') or {}).get('label') or 'unknown'))}\n",
         *(f"warning    {w}\n" for w in info.get("warnings") or []),
     ]
     red = info.get("last_red")

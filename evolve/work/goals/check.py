@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evolve.procgroup import group_alive, kill_group, spawn, wait_group_gone
+from evolve.sandbox import Sandbox
 from evolve.work.goals.model import MeasureError
 
 KILL_GRACE_S = 2.0  # TERM → KILL; checks are short-lived and must not hold the fire up
@@ -65,13 +66,14 @@ class CheckRun:
 
 
 def run_check(
-    check: str, *, cwd: Path, env: Mapping[str, str], timeout_s: float, deadline: float, stop: threading.Event
+    check: str, *, cwd: Path, env: Mapping[str, str], timeout_s: float, deadline: float, stop: threading.Event,
+    sandbox: Sandbox | None = None,
 ) -> CheckRun:
     """One check as ``bash -c`` (argv, never a built string) in a new process group; the group dies with it."""
     start = time.monotonic()
     try:
         # stdout and stderr on pipes of their own: a continuous goal's value is stdout's last line.
-        proc = spawn(["bash", "-c", check], cwd=cwd, env=env)
+        proc = spawn(["bash", "-c", check], cwd=cwd, env=env, sandbox=sandbox)
     except OSError as e:
         raise MeasureError(f"cannot start bash for goal checks in {cwd}: {e}") from e
     cap = Capture()

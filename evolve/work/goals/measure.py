@@ -12,7 +12,7 @@ from typing import Any
 
 from evolve.childenv import BASE, FIRE, child_env, with_path
 from evolve.git import refs as gitrefs
-from evolve.procgroup import capped
+from evolve.procgroup import capped, contained
 from evolve.timeutil import utc_iso
 from evolve.work.goals.check import CheckRun, run_check
 from evolve.work.goals.model import Goal, GoalsFile, MeasureError
@@ -45,12 +45,14 @@ def measure(
     stop = threading.Event()
     check_env = sanitized_env(env, pass_env, path=[str(repo / p) for p in path])
     results: list[CheckRun | None] = [None] * len(gf.goals)
+    box = contained()  # asked here: the pool's threads do not see the fire's context (§8.6)
 
     def run(i: int) -> CheckRun | None:
         if stop.is_set() or time.monotonic() >= deadline:
             return None  # the total budget is spent: do not start
         return run_check(
-            gf.goals[i].check, cwd=repo, env=check_env, timeout_s=goal_timeout_s, deadline=deadline, stop=stop
+            gf.goals[i].check, cwd=repo, env=check_env, timeout_s=goal_timeout_s, deadline=deadline, stop=stop,
+            sandbox=box,
         )
 
     try:
