@@ -463,7 +463,8 @@ def test_systemd_parses_hostile_values_back(tmp_path: Path, hostile: str, user: 
         assert f"EVOLVE_DIR={t.state_dir}" in parsed["Environment"]
         # Under /tmp, so PrivateTmp is off and the real /tmp stays writable.
         assert parsed["ReadWritePaths"] == [" ".join([str(repo), t.state_dir, f"-{t.rw_paths[0]}", "-/tmp",
-                                                      "-/var/tmp", f"-{t.home}/.claude", f"-{t.home}/.claude.json", f"-{t.home}/.local/state/evolve"])]
+                                                      "-/var/tmp", f"-{t.home}/.claude", f"-{t.home}/.claude.json",
+                                                      f"-{t.home}/.local/state/evolve"])]
     assert f"EVOLVE_SCHEDULE_CRON=*/5 * * * * {hostile}" in systemd_dump(units, "evolve-daemon@hx.service",
                                                                          user=user)["Environment"]
 
