@@ -215,6 +215,9 @@ def scope_for(
     if env.get("TMPDIR"):
         writable.append(Path(env["TMPDIR"]))
     protected = [repo, state_dir, home, *([trust_dir] if trust_dir else []), *also_protected]
+    # Inside the CLI's writable home, the operator's own user settings stay theirs: a hook written there would
+    # run in their interactive sessions, outside any sandbox. (The CLI writes its state, not these, in a run.)
+    protected += [home / ".claude" / "settings.json", home / ".gitconfig"]
     git = Path(env.get("XDG_CONFIG_HOME") or home / ".config")
     protected += [git / "evolve", home / ".config" / "evolve"]  # the global KILL
     # No link into the checkout is ever writable: the worktree's .agents is the agent's own copy (the door,

@@ -344,8 +344,9 @@ def test_a_sandbox_nested_inside_the_agents_starts(env: Env, cli, tmp_path: Path
 
 @needs_bwrap
 def test_a_rewritten_worktree_git_file_opens_no_more_of_git(env: Env, cli, tmp_path: Path) -> None:
-    """The agent points its worktree's ``.git`` at the shared git dir; the next child (the gate) still
-    cannot write its config, hooks or branches: the sandbox reads the git dirs from the operator's checkout."""
+    """The agent points its worktree's ``.git`` at the shared git dir: evolve puts the file back and refuses the
+    cycle before the gate runs (workspace.Isolated._repair_git_file); and had a child started meanwhile, the
+    sandbox reads the git dirs from the operator's checkout (the next test), never from that file."""
     home = _home(env)
     env.queue(entry("redirect"))
     saved, out = tmp_path / "dotgit", tmp_path / "gate-attack.jsonl"
@@ -360,11 +361,12 @@ def test_a_rewritten_worktree_git_file_opens_no_more_of_git(env: Env, cli, tmp_p
     r = cli("fire", "--cycles", "1", extra_env={"HOME": str(home)})
     assert r.code == 0, r.stderr
     assert saved.read_text().startswith("gitdir: ") and str(env.repo / ".git" / "worktrees") in saved.read_text()
-    _assert_all_refused(out, 1)
+    assert "rewrote its worktree's .git file" in env.ledger()[-1]["error"]
+    assert (env.tree / ".git").read_text() == saved.read_text(), "put back"
+    assert not out.exists(), "the gate never ran on the refused cycle"
     main = str(env.repo / ".git" / "refs" / "heads" / "main")
     assert {k: v for k, v in _snapshot(env, home).items() if k != main} == {
         k: v for k, v in before.items() if k != main}
-    # (what evolve's own git then does in a worktree whose .git names the shared dir is issue 23 item 1's)
     assert not (env.repo / ".git" / "index.lock").exists() and git(env.repo, "status", "--porcelain") == ""
     assert int(git(env.repo, "rev-list", "--count", "HEAD")) >= start  # nothing of the operator's lost
 

@@ -401,6 +401,13 @@ class Fire:
         extra = [configtrust.user_config_path(self.env)]
         if self.env.get(configtrust.CONFIG_ENV):
             extra.append(Path(self.env[configtrust.CONFIG_ENV]))
+        # What the operator's own git and Claude sessions run: a hooksPath, a credential helper or a hook the
+        # agent plants there would run outside any sandbox, later, as the operator.
+        home = Path(self.env.get("HOME") or Path.home())
+        xdg = Path(self.env.get("XDG_CONFIG_HOME") or home / ".config")
+        extra += [xdg / "git" / "config", home / ".gitconfig", home / ".claude" / "settings.json"]
+        if self.env.get("GIT_CONFIG_GLOBAL"):
+            extra.append(Path(self.env["GIT_CONFIG_GLOBAL"]))
         return guard.seal(self.paths, self.common, ledger=ledger, extra=extra)
 
     def _guard_between(self, outcome: FireOutcome) -> bool:

@@ -105,6 +105,10 @@ def _halt_label(label: str) -> bool:
 # The operator's per-checkout agent files the worktree links to (evolve/git/worktree.py SHARED): a hook or an
 # apiKeyHelper written there would run in the operator's own sessions.
 OPERATOR_AGENT_FILES = (".claude/settings.local.json", "CLAUDE.local.md")
+# Also the operator's, when untracked: what `evolve setup` writes (passed to the agent with --settings), and MCP
+# servers the Claude CLI starts unasked. Tracked, they are the repository's (agent/settings.py); sealing them
+# is harmless then (evolve never writes them).
+OPERATOR_SETTINGS = (".claude/settings.json", ".mcp.json")
 
 
 def watched(paths: Paths, common_dir: Path | None, *, ledger: bool, extra: Iterable[Path] = ()) -> dict[str, Path]:
@@ -117,7 +121,7 @@ def watched(paths: Paths, common_dir: Path | None, *, ledger: bool, extra: Itera
     add(paths.config)
     for p in extra:  # the operator's other config layers
         add(p)
-    for name in OPERATOR_AGENT_FILES:
+    for name in (*OPERATOR_AGENT_FILES, *OPERATOR_SETTINGS):
         add(paths.repo / name)
     for marker in (paths.kill, paths.stop, paths.rescope, paths.ack_regression, *paths.global_kills):
         add(marker)

@@ -37,7 +37,7 @@ def named_paths(commands: Iterable[Sequence[str]]) -> frozenset[str]:
     reads, or what a script imports, is the repository's code like any other."""
     out: set[str] = set()
     for argv in commands:
-        for word in argv:
+        for word in _words(argv):
             if not word or word.startswith("-") or os.path.isabs(word) or "://" in word or "\0" in word:
                 continue
             if "=" in word.split("/")[0]:
@@ -47,6 +47,28 @@ def named_paths(commands: Iterable[Sequence[str]]) -> frozenset[str]:
                 continue
             out.add(norm)
     return frozenset(out)
+
+
+SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh"})
+
+
+def _words(argv: Sequence[str]) -> list[str]:
+    """The argv's words, and for ``sh -c STRING`` the words of STRING too (split as the shell would, operators
+    dropped): ``sh -c "./check.sh --strict && make"`` names ``./check.sh``."""
+    import shlex
+
+    out = list(argv)
+    if argv and os.path.basename(argv[0]) in SHELLS:
+        for i, word in enumerate(argv[:-1]):
+            if word.startswith("-") and not word.startswith("--") and "c" in word[1:]:
+                try:
+                    lex = shlex.shlex(argv[i + 1], posix=True, punctuation_chars=True)
+                    lex.whitespace_split = True
+                    out += [w for w in lex if w not in (";", "&&", "||", "|", "&", "(", ")")]
+                except ValueError:
+                    pass
+                break
+    return out
 
 
 def load_trusted(record: Path) -> dict[str, str]:
@@ -75,9 +97,15 @@ def untrusted(repo: Path, base: str, new: str, checks: Checks) -> dict[str, str]
     has not trusted: a script a gate command names, or a GOALS file whose check commands changed."""
     out: dict[str, str] = {}
     changed = [p for p in git(repo, "diff", "--name-only", "-z", "--no-renames", base, new).split("\0") if p]
+    scripts = set(checks.scripts)
+    for named in checks.scripts:  # a named script the repository commits as a link: its target is the script
+        for rev in (base, new):
+            target = _link_target(repo, rev, named)
+            if target:
+                scripts.add(target)
     for path in changed:
         goals = path in GOALS_FILES
-        if path not in checks.scripts and not goals:
+        if path not in scripts and not goals:
             continue
         blob = _blob(repo, new, path)
         if checks.trusted.get(path) == blob:
@@ -86,6 +114,19 @@ def untrusted(repo: Path, base: str, new: str, checks: Checks) -> dict[str, str]
             continue  # the descriptions or directives changed, not what is run
         out[path] = blob
     return out
+
+
+def _link_target(repo: Path, rev: str, path: str) -> str:
+    """The in-tree path a committed symlink at ``path`` names (one level), or ""."""
+    proc = run_git(repo, "ls-tree", "-z", rev, "--", path)
+    entry = proc.stdout.split("\0")[0] if proc.returncode == 0 else ""
+    if not entry.startswith("120000 "):
+        return ""
+    target = run_git(repo, "cat-file", "blob", entry.split()[2])
+    if target.returncode != 0 or os.path.isabs(target.stdout):
+        return ""
+    norm = posixpath.normpath(posixpath.join(posixpath.dirname(path), target.stdout))
+    return "" if norm.startswith("../") or norm == ".." else norm
 
 
 def reason(found: Mapping[str, str]) -> str:
