@@ -373,7 +373,8 @@ def _unit_ctx(t: Target) -> dict[str, object]:
     g = t.generic
     word = (lambda v: v) if g else _sd_word
     raw = (lambda v: v) if g else _sd_raw
-    rw = [word(t.repo), word(f"-{t.home}/.claude"), word(f"-{t.home}/.claude.json")] if g else \
+    rw = [word(t.repo), word(f"-{t.home}/.claude"), word(f"-{t.home}/.claude.json"),
+          word(f"-{t.home}/.local/state/evolve")] if g else \
         [word(p) for p in writable(t)]
     if t.user_mode:
         user = ""

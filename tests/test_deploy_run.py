@@ -346,7 +346,7 @@ def test_cron_daemon_fires_the_rendered_line_into_the_ledger(env: Env, cli, tmp_
     env.queue(entry("a", "b"))
     env.write_config(fire={"max_cycles": 1})
     # The gate needs the operator's own python, first on the PATH install ran with (evolve's venv is not).
-    record = env.repo / ".agents" / "gate-probe.json"
+    record = tmp_path / "gate-probe.json"  # outside the checkout: the sandboxed gate cannot write there
     probe_gate(env, record)
     venv = operator_toolchain(tmp_path)
     shell_path = f"{venv}/bin:/usr/local/bin:/usr/bin:/bin"
@@ -502,13 +502,17 @@ def test_systemd_user_timer_fires_the_rendered_units_into_the_ledger(env: Env, c
     The gate needs the operator's own python (first on the PATH install ran with, evolve's venv not on it),
     and [metrics] textfile_dir is outside the repository: the timer's fire is green and writes the file."""
     manager = systemd_prerequisites()
-    # ProtectSystem=strict leaves only the repository writable: the scripted agent keeps its script there.
-    env.script = env.repo / ".agents" / "agent.json"
+    # ProtectSystem=strict leaves only the repository writable: the scripted agent keeps its script there, and
+    # the gate its record, in a directory the sandbox (read-only checkout) is told the children may write.
+    harness = env.repo / ".agents" / "harness"
+    harness.mkdir(parents=True)
+    env.script = harness / "agent.json"
     env.steps([improved_step()])
     metrics_dir = outside_tmp_dir()
     env.write_config(agent={"argv": [sys.executable, "-m", "evolve.agent.scripted", "--script", str(env.script)]},
-                     fire={"max_cycles": 1}, metrics={"textfile_dir": str(metrics_dir)})
-    record = env.repo / ".agents" / "gate-probe.json"
+                     fire={"max_cycles": 1}, metrics={"textfile_dir": str(metrics_dir)},
+                     sandbox={"writable": [str(harness)]})
+    record = harness / "gate-probe.json"
     probe_gate(env, record)
     venv = operator_toolchain(tmp_path)
     env.queue(entry("a", "b"))

@@ -442,7 +442,7 @@ def test_scheduled_gate_gets_the_interpreter_a_hand_run_fire_gets(env: Env, cli,
     shell_path = f"{venv}/bin:/usr/local/bin:/usr/bin:/bin"
     # The operator's shell: their python first, a locale and a time zone cron would not give the gate.
     shell = {"PATH": shell_path, "LANG": "C.UTF-8", "LC_COLLATE": "C", "TZ": "Europe/Berlin"}
-    record = env.repo / ".agents" / "gate-probe.json"
+    record = tmp_path / "gate-probe.json"  # outside the checkout: the sandboxed gate cannot write there
     probe_gate(env, record)
     env.write_config(fire={"max_cycles": 1})
     env.queue(entry("a", "b"))
