@@ -49,6 +49,13 @@ def test_judge_obeys_a_halt_that_appears_and_refuses_every_other_change(before, 
 # -- the shell -----------------------------------------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def _unsandboxed(env: Env) -> None:
+    """The guard is what stands on a host without bubblewrap (or with ``[sandbox] mode = "off"``): these
+    attacks must reach the files to show it refuses them. Under the sandbox they cannot (test_sandbox.py)."""
+    env.write_config(sandbox={"mode": "off"})
+
+
 def _py(code: str) -> list[str]:
     return [sys.executable, "-c", code]
 

@@ -139,6 +139,7 @@ EXEMPT = {
     "work/harvested.py:_materialize": "copies the operator's linked queue byte for byte",
     "cycle/door.py:_copy_in": "the operator's own .agents/ files, copied for the agent to read (its writes back are"
                               " redacted in _carry)",
+    "cycle/workspace.py:_repair_git_file": "the worktree's gitdir line, evolve's own path",
     "cycle/guard.py:record": "labels, digests, cycle numbers and phases: no content",
     "git/checks.py:trust": "paths and blob ids",
     "cycle/checks.py:goal_checks": "a GOALS blob in a temp dir, read back to parse it, then gone",
