@@ -167,7 +167,10 @@ def test_stage_stages_what_git_add_would(tmp_path: Path) -> None:
         write(r, ODD)
         (r / "sub").mkdir()
         git(r / "sub", "init", "-q")
-        git(r / "sub", "commit", "-q", "--allow-empty", "-m", "inner")
+        # One date for both inner commits: made a second apart (a loaded machine), their ids would differ.
+        subprocess.run(["git", "commit", "-q", "--allow-empty", "-m", "inner"], cwd=r / "sub", check=True,
+                       capture_output=True, env={**os.environ, **GIT_ENV, "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z",
+                                                 "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z"})
     paths = sorted(gitchange.dirty_paths(a))
     assert "sub/" in paths and "was_file" in paths and "was_file/inside.txt" in paths
     pathargs.stage(a, paths)
